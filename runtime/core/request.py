@@ -1,0 +1,154 @@
+"""Request lifecycle and sampling parameters, shared by the simulator and the real runtime.
+
+Must not import torch, simpy or time: every timestamp is passed in by a driver.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """What to generate. The sampler fields are carried for the real runtime; the core reads
+    only `max_new_tokens`, `ignore_eos` and `stop_token_ids` to decide when a request ends."""
+
+    max_new_tokens: int = 128
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.top_k == 0 or self.top_k < -1:
+            raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """A request as a workload yields it: what arrives, when, and how much it should generate.
+
+    `expected_output_ids` (optional) are the tokens a trace says were generated; the
+    simulator emits them so multi-turn traces hit the cache the way reality would.
+    """
+
+    rid: str
+    arrival_s: float
+    input_ids: tuple[int, ...]
+    output_len: int
+    priority: int = 0
+    expected_output_ids: tuple[int, ...] | None = None
+    sampling: SamplingParams | None = None  # None: ignore_eos, max_new_tokens = output_len
+
+    def sampling_params(self) -> SamplingParams:
+        if self.sampling is not None:
+            return self.sampling
+        return SamplingParams(max_new_tokens=self.output_len, ignore_eos=True)
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"      # queued, owns no KV (a retracted request comes back here)
+    PREFILL = "prefill"      # admitted; some input tokens still to be computed (chunked)
+    DECODING = "decoding"    # all input computed, generating one token per step
+    FINISHED = "finished"
+    ABORTED = "aborted"
+
+
+class FinishReason(str, enum.Enum):
+    LENGTH = "length"            # max_new_tokens reached
+    STOP = "stop"                # a stop / eos token was sampled
+    ABORT = "abort"              # aborted by the user
+    TOO_LONG = "too_long"        # the input cannot fit the context or the KV pool
+
+
+@dataclass(eq=False)
+class Request:
+    """One request's mutable state. Token bookkeeping:
+
+    - `fill_ids` = input_ids + output_ids: every token the request knows;
+    - `num_computed_tokens`: how many of them have KV written (the prefix matched in the
+      radix cache counts as computed); always <= len(fill_ids);
+    - `kv_slots[i]` is the KV slot index of token i, for i < num_computed_tokens.
+    """
+
+    rid: str
+    input_ids: list[int]
+    sampling: SamplingParams
+    arrival_s: float
+    priority: int = 0
+    expected_output_ids: tuple[int, ...] | None = None
+
+    status: RequestStatus = RequestStatus.WAITING
+    output_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    kv_slots: list[int] = field(default_factory=list)
+    num_locked_prefix_tokens: int = 0   # tokens of kv_slots owned by the radix cache (locked)
+    cache_node: Any = None              # the radix node locked for this request, or None
+    prefix_match_len: int = 0           # scratch: last match length computed by a policy
+    num_cached_tokens: int = 0          # radix-cache hit tokens at the first admission
+    num_retractions: int = 0
+    finish_reason: FinishReason | None = None
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    token_times_s: list[float] = field(default_factory=list)
+    admitted_s: float | None = None
+
+    @classmethod
+    def from_spec(cls, spec: RequestSpec) -> "Request":
+        return cls(
+            rid=spec.rid,
+            input_ids=list(spec.input_ids),
+            sampling=spec.sampling_params(),
+            arrival_s=spec.arrival_s,
+            priority=spec.priority,
+            expected_output_ids=spec.expected_output_ids,
+        )
+
+    # -- derived sizes -------------------------------------------------------------
+    @property
+    def num_input_tokens(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_ids)
+
+    @property
+    def fill_ids(self) -> list[int]:
+        return self.input_ids + self.output_ids
+
+    @property
+    def num_fill_tokens(self) -> int:
+        return len(self.input_ids) + len(self.output_ids)
+
+    @property
+    def num_uncomputed_input_tokens(self) -> int:
+        return max(0, len(self.input_ids) - self.num_computed_tokens)
+
+    @property
+    def max_new_tokens_left(self) -> int:
+        return self.sampling.max_new_tokens - len(self.output_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in (RequestStatus.FINISHED, RequestStatus.ABORTED)
+
+    def finishes_with(self, token_id: int) -> FinishReason | None:
+        """The reason this request ends after appending `token_id`, or None."""
+        if len(self.output_ids) >= self.sampling.max_new_tokens:
+            return FinishReason.LENGTH
+        if not self.sampling.ignore_eos and token_id in self.sampling.stop_token_ids:
+            return FinishReason.STOP
+        return None
