@@ -1,0 +1,60 @@
+"""Builds the shared serving components from a composed Hydra config: model/hardware specs,
+layout, KV capacity, allocator, radix cache, policy, scheduler. Used by every mode.
+
+Torch-free: the simulator imports it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from runtime.core.cache.allocator import KVSlotAllocator
+from runtime.core.cache.radix_cache import RadixCache
+from runtime.core.hardware import HardwareSpec
+from runtime.core.kv_manager import KVManager
+from runtime.core.layout import ParallelLayout, kv_capacity_tokens
+from runtime.core.model_spec import ModelSpec
+from runtime.core.scheduler import Scheduler
+from runtime.core.scheduler_config import SchedulerConfig
+
+
+@dataclass
+class CoreComponents:
+    model: ModelSpec
+    hardware: HardwareSpec
+    layout: ParallelLayout
+    kv_capacity_tokens: int
+    scheduler: Scheduler
+
+
+def build_layout(cfg: DictConfig) -> ParallelLayout:
+    return ParallelLayout(tp=int(cfg.tp), ep=int(cfg.ep), dp=int(cfg.dp), pp=int(cfg.pp))
+
+
+def kv_capacity_from_config(cfg: DictConfig, model: ModelSpec, hardware: HardwareSpec,
+                            layout: ParallelLayout) -> int:
+    """`kv.capacity_tokens` when set (experiments on small pools), else THE capacity function."""
+    if cfg.kv.capacity_tokens is not None:
+        return int(cfg.kv.capacity_tokens)
+    return kv_capacity_tokens(model, hardware, layout, kv_dtype_bytes=int(cfg.kv.dtype_bytes),
+                              mem_fraction_static=float(cfg.kv.mem_fraction_static))
+
+
+def build_scheduler(cfg: DictConfig, model: ModelSpec, capacity_tokens: int) -> Scheduler:
+    page_size = int(cfg.cache.page_size)
+    allocator = KVSlotAllocator(capacity_tokens, page_size=page_size)
+    cache = RadixCache(allocator, instantiate(cfg.eviction), page_size=page_size, enabled=bool(cfg.cache.enabled))
+    config = SchedulerConfig(**OmegaConf.to_container(cfg.scheduler, resolve=True))
+    policy = instantiate(cfg.policy)
+    return Scheduler(config, policy, KVManager(allocator, cache), max_context_tokens=model.max_context_tokens)
+
+
+def build_core(cfg: DictConfig) -> CoreComponents:
+    model: ModelSpec = instantiate(cfg.model)
+    hardware: HardwareSpec = instantiate(cfg.hardware)
+    layout = build_layout(cfg)
+    layout.validate(model)
+    capacity = kv_capacity_from_config(cfg, model, hardware, layout)
+    return CoreComponents(model, hardware, layout, capacity, build_scheduler(cfg, model, capacity))

@@ -1,0 +1,73 @@
+"""Structured-config schemas (Hydra ConfigStore): a misspelled or mistyped key fails at
+composition. Group options (model, policy, ...) are validated by Hydra, which lists the valid ones.
+
+Torch-free.
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+from runtime.core.scheduler_config import SchedulerConfig
+
+
+def _mutable_copy(cls: type, name: str) -> type:
+    """A plain (non-frozen) dataclass with the fields, types and defaults of `cls`, for OmegaConf."""
+    hints = typing.get_type_hints(cls)
+    fields = [(f.name, hints[f.name], field(default=f.default)) for f in dataclasses.fields(cls)]
+    return dataclasses.make_dataclass(name, fields)
+
+
+SchedulerSchema = _mutable_copy(SchedulerConfig, "SchedulerSchema")
+
+
+@dataclass
+class CacheSchema:
+    enabled: bool = True          # false: every request misses (baselines)
+    page_size: int = 1            # tokens per KV page; the radix cache matches whole pages
+
+
+@dataclass
+class KVSchema:
+    dtype_bytes: int = 2                   # 2 = bf16 KV cache, 1 = fp8
+    mem_fraction_static: float = 0.88      # share of GPU memory for weights + KV pool (SGLang)
+    capacity_tokens: Optional[int] = None  # override THE capacity function (small-pool experiments)
+
+
+@dataclass
+class SimSchema:
+    fast_forward: bool = True     # coalesce uneventful decode steps (exact; records unchanged)
+    max_run_steps: int = 1024     # longest coalesced run
+
+
+@dataclass
+class RunConfig:
+    mode: Any = MISSING
+    model: Any = MISSING
+    hardware: Any = MISSING
+    policy: Any = MISSING
+    eviction: Any = MISSING
+    workload: Any = MISSING
+    costmodel: Any = MISSING
+    real: Any = None
+    scheduler: Any = field(default_factory=SchedulerSchema)
+    cache: CacheSchema = field(default_factory=CacheSchema)
+    kv: KVSchema = field(default_factory=KVSchema)
+    sim: SimSchema = field(default_factory=SimSchema)
+    seed: int = 0
+    tp: int = 1
+    ep: int = 1
+    dp: int = 1
+    pp: int = 1
+    progress: bool = True
+    print_summary: bool = True
+    output_dir: str = "${hydra:runtime.output_dir}"
+
+
+def register_schemas() -> None:
+    ConfigStore.instance().store(name="run_schema", node=RunConfig)

@@ -1,0 +1,124 @@
+"""Request-level KV bookkeeping over the slot allocator and the radix cache (SGLang's
+cache_unfinished_req / cache_finished_req): admit a matched prefix, allocate new tokens, release.
+
+Must not import torch, simpy or time.
+"""
+from __future__ import annotations
+
+from runtime.core.cache.allocator import KVSlotAllocator
+from runtime.core.cache.radix_cache import MatchResult, RadixCache
+from runtime.core.request import Request
+
+
+class KVManager:
+    """Owns the invariant: every slot of `req.kv_slots` beyond `req.num_locked_prefix_tokens` is
+    private to the request; the first `num_locked_prefix_tokens` belong to the radix cache and are
+    pinned by a lock on `req.cache_node`."""
+
+    def __init__(self, allocator: KVSlotAllocator, cache: RadixCache) -> None:
+        self.allocator = allocator
+        self.cache = cache
+        self.page_size = allocator.page_size
+
+    # -- sizes -------------------------------------------------------------------
+    @property
+    def capacity_tokens(self) -> int:
+        return self.allocator.capacity_slots
+
+    def available_tokens(self) -> int:
+        """Slots that could be handed out now: free plus evictable from the cache."""
+        return self.allocator.num_free_slots + self.cache.evictable_size()
+
+    def used_tokens(self) -> int:
+        return self.allocator.capacity_slots - self.allocator.num_free_slots
+
+    # -- prefix ---------------------------------------------------------------------
+    def match(self, req: Request) -> MatchResult:
+        """Longest cached prefix of the request's tokens, leaving at least one token to compute
+        (the last position must run through the model to give logits)."""
+        fill = req.input_ids + req.output_ids if req.output_ids else req.input_ids
+        result = self.cache.match_prefix(fill[: len(fill) - 1])
+        req.prefix_match_len = result.length
+        return result
+
+    def lock_prefix(self, req: Request, match: MatchResult, now: float) -> None:
+        """Pin the matched prefix for a request that owns no KV yet."""
+        assert not req.kv_slots and req.cache_node is None, f"{req.rid} already owns KV"
+        self.cache.lock(match.node, now, req.priority)
+        req.cache_node = match.node
+        req.kv_slots = list(match.slots)
+        req.num_computed_tokens = match.length
+        req.num_locked_prefix_tokens = match.length
+
+    def unlock_prefix(self, req: Request, now: float) -> None:
+        """Undo lock_prefix for a request that was not admitted after all."""
+        self.cache.unlock(req.cache_node, now)
+        req.cache_node = None
+        req.kv_slots = []
+        req.num_computed_tokens = 0
+        req.num_locked_prefix_tokens = 0
+
+    # -- allocation -----------------------------------------------------------------
+    def pages_needed(self, req: Request, num_tokens: int) -> int:
+        return self.allocator.num_pages_needed(len(req.kv_slots), num_tokens)
+
+    def ensure_free_pages(self, num_pages: int, now: float) -> bool:
+        """Evict from the cache until `num_pages` pages are free; False if impossible."""
+        missing_slots = num_pages * self.page_size - self.allocator.num_free_slots
+        if missing_slots > 0:
+            self.cache.evict(missing_slots, now)
+        return self.allocator.num_free_slots >= num_pages * self.page_size
+
+    def allocate(self, req: Request, num_tokens: int, now: float) -> list[int]:
+        """Slots for the request's next `num_tokens` positions (evicting if needed)."""
+        start = len(req.kv_slots)
+        if not self.ensure_free_pages(self.allocator.num_pages_needed(start, num_tokens), now):
+            raise MemoryError(f"KV pool exhausted allocating {num_tokens} tokens for {req.rid}")
+        last_slot = req.kv_slots[-1] if req.kv_slots else None
+        slots = self.allocator.allocate(start, num_tokens, last_slot)
+        req.kv_slots.extend(slots)
+        return slots
+
+    # -- caching and release ----------------------------------------------------------
+    def _aligned(self, num_tokens: int) -> int:
+        return num_tokens - num_tokens % self.page_size
+
+    def _insert_computed(self, req: Request, now: float) -> int:
+        """Insert the page-aligned computed tokens into the cache and free the request's
+        duplicates of what the cache already held. Returns the aligned length inserted."""
+        aligned = self._aligned(req.num_computed_tokens)
+        if not self.cache.enabled or aligned <= req.num_locked_prefix_tokens:
+            return req.num_locked_prefix_tokens
+        fill = req.fill_ids
+        already = self.cache.insert(fill[:aligned], req.kv_slots[:aligned], now, req.priority)
+        if already > req.num_locked_prefix_tokens:
+            self.allocator.free(req.kv_slots[req.num_locked_prefix_tokens:already])
+        return aligned
+
+    def cache_unfinished(self, req: Request, now: float) -> None:
+        """After a prefill (chunk): put the computed prefix in the cache so other requests can hit
+        it, and re-pin the request on the cache's copy."""
+        aligned = self._insert_computed(req, now)
+        if aligned <= req.num_locked_prefix_tokens:
+            return
+        match = self.cache.match_prefix(req.fill_ids[:aligned])
+        assert match.length == aligned, f"cache lost tokens of {req.rid}: {match.length} != {aligned}"
+        self.cache.lock(match.node, now, req.priority)
+        self.cache.unlock(req.cache_node, now)
+        req.cache_node = match.node
+        req.kv_slots[:aligned] = match.slots
+        req.num_locked_prefix_tokens = aligned
+
+    def release(self, req: Request, now: float) -> None:
+        """The request stops owning KV (finished, aborted or retracted): its computed tokens stay in
+        the cache (evictable), everything else is freed, the lock is dropped."""
+        if req.cache_node is None:
+            return
+        aligned = self._insert_computed(req, now)
+        if len(req.kv_slots) > aligned:
+            self.allocator.free(req.kv_slots[aligned:])
+        self.cache.unlock(req.cache_node, now)
+        req.cache_node = None
+        req.kv_slots = []
+        req.num_computed_tokens = 0
+        req.num_locked_prefix_tokens = 0

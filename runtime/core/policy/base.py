@@ -1,0 +1,32 @@
+"""The schedule-policy contract: order the waiting queue before admission.
+
+Must not import torch, simpy or time.
+"""
+from __future__ import annotations
+
+from typing import Callable, Protocol
+
+from runtime.core.cache.radix_cache import MatchResult
+from runtime.core.request import Request
+
+MatchFn = Callable[[Request], MatchResult]
+
+
+class SchedulePolicy(Protocol):
+    """`order(waiting, match, now)` returns the waiting requests in the order admission should try
+    them. It must return every request exactly once and must not mutate the requests, except that
+    calling `match(req)` stores the cached-prefix length in `req.prefix_match_len` (cache-aware
+    policies call it; the scheduler reuses the matches made in the same step).
+
+    `preemption_threshold`: None, or the priority gap at which a waiting request may retract a
+    running one (only the priority policy sets it)."""
+
+    preemption_threshold: int | None
+
+    def order(self, waiting: list[Request], match: MatchFn, now: float) -> list[Request]:
+        ...
+
+
+def by_arrival(waiting: list[Request]) -> list[Request]:
+    """First come, first served; stable on equal arrival times (the queue's insertion order)."""
+    return sorted(waiting, key=lambda r: r.arrival_s)

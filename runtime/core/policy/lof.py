@@ -1,0 +1,15 @@
+"""Longest output first: admit requests with the largest max_new_tokens first (SGLang's `lof`).
+
+Must not import torch, simpy or time.
+"""
+from __future__ import annotations
+
+from runtime.core.policy.base import MatchFn, by_arrival
+from runtime.core.request import Request
+
+
+class LOFPolicy:
+    preemption_threshold: int | None = None
+
+    def order(self, waiting: list[Request], match: MatchFn, now: float) -> list[Request]:
+        return sorted(by_arrival(waiting), key=lambda r: -r.sampling.max_new_tokens)

@@ -1,0 +1,22 @@
+"""Random order from a seeded generator (SGLang's `random`), reproducible run to run.
+
+Must not import torch, simpy or time.
+"""
+from __future__ import annotations
+
+import random as _random
+
+from runtime.core.policy.base import MatchFn, by_arrival
+from runtime.core.request import Request
+
+
+class RandomPolicy:
+    preemption_threshold: int | None = None
+
+    def __init__(self, seed: int = 0) -> None:
+        self.rng = _random.Random(seed)
+
+    def order(self, waiting: list[Request], match: MatchFn, now: float) -> list[Request]:
+        queue = by_arrival(waiting)
+        self.rng.shuffle(queue)
+        return queue

@@ -1,0 +1,90 @@
+"""Per-step and per-request records, identical in both modes (DESIGN contract 4). Plain Python
+columns here; runtime/records_io.py writes them as parquet.
+
+Must not import torch, simpy or time (times are passed in).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from runtime.core.batch import StepPlan
+from runtime.core.request import Request
+
+STEP_COLUMNS = (
+    "step_id", "start_s", "end_s", "mode", "batch_size", "num_prefill_tokens", "num_decode_requests",
+    "num_cache_hit_tokens", "kv_tokens_used", "num_retractions", "num_waiting", "num_running",
+)
+
+
+class StepLog:
+    """Column store of steps. `record` takes one executed plan; `record_decode_run` takes k
+    consecutive decode steps of one unchanged batch (the simulator's fast-forward)."""
+
+    def __init__(self) -> None:
+        self.columns: dict[str, list] = {name: [] for name in STEP_COLUMNS}
+        self.plan_signatures: list[tuple] | None = None   # set to [] to keep every plan's decisions
+
+    def __len__(self) -> int:
+        return len(self.columns["step_id"])
+
+    def record(self, plan: StepPlan, start_s: float, end_s: float, kv_tokens_used: int,
+               num_waiting: int, num_running: int) -> None:
+        c = self.columns
+        c["step_id"].append(plan.step_id)
+        c["start_s"].append(start_s)
+        c["end_s"].append(end_s)
+        c["mode"].append(plan.mode.value)
+        c["batch_size"].append(plan.batch_size)
+        c["num_prefill_tokens"].append(plan.num_prefill_tokens)
+        c["num_decode_requests"].append(plan.num_decode_requests)
+        c["num_cache_hit_tokens"].append(plan.num_cache_hit_tokens)
+        c["kv_tokens_used"].append(kv_tokens_used)
+        c["num_retractions"].append(len(plan.retracted_rids))
+        c["num_waiting"].append(num_waiting)
+        c["num_running"].append(num_running)
+        if self.plan_signatures is not None:
+            self.plan_signatures.append(plan.signature())
+
+    def record_decode_run(self, plan: StepPlan, start_s: Sequence[float], end_s: Sequence[float],
+                          kv_tokens_used: Sequence[int], num_waiting: int, num_running: int) -> None:
+        k = len(end_s)
+        c = self.columns
+        c["step_id"].extend(range(plan.step_id, plan.step_id + k))
+        c["start_s"].extend(start_s)
+        c["end_s"].extend(end_s)
+        c["mode"].extend([plan.mode.value] * k)
+        c["batch_size"].extend([plan.batch_size] * k)
+        c["num_prefill_tokens"].extend([0] * k)
+        c["num_decode_requests"].extend([plan.num_decode_requests] * k)
+        c["num_cache_hit_tokens"].extend([0] * k)
+        c["kv_tokens_used"].extend(kv_tokens_used)
+        c["num_retractions"].extend([len(plan.retracted_rids)] + [0] * (k - 1))
+        c["num_waiting"].extend([num_waiting] * k)
+        c["num_running"].extend([num_running] * k)
+        if self.plan_signatures is not None:
+            for j in range(k):
+                self.plan_signatures.append(tuple((it.request.rid, it.num_prefix_tokens + j, 1) for it in plan.items))
+
+
+REQUEST_COLUMNS = (
+    "rid", "arrival_s", "admitted_s", "first_token_s", "finish_s", "input_tokens", "output_tokens",
+    "cached_tokens", "finish_reason", "num_retractions", "priority", "token_times_s",
+)
+
+
+def request_record(req: Request) -> dict:
+    """One row of requests.parquet. `token_times_s[i]` is when output token i was sampled."""
+    return {
+        "rid": req.rid,
+        "arrival_s": req.arrival_s,
+        "admitted_s": req.admitted_s,
+        "first_token_s": req.first_token_s,
+        "finish_s": req.finish_s,
+        "input_tokens": len(req.input_ids),
+        "output_tokens": len(req.output_ids),
+        "cached_tokens": req.num_cached_tokens,
+        "finish_reason": req.finish_reason.value if req.finish_reason else None,
+        "num_retractions": req.num_retractions,
+        "priority": req.priority,
+        "token_times_s": list(req.token_times_s),
+    }

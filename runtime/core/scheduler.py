@@ -1,0 +1,368 @@
+"""The scheduler as a step machine (SGLang's event loop without the loop): `add`, `schedule`,
+`commit`. Continuous batching, chunked prefill, admission against a decaying KV reservation,
+retraction when the KV pool runs out, priority preemption.
+
+Must not import torch, simpy or time: `now` is always an argument.
+"""
+from __future__ import annotations
+
+import bisect
+import dataclasses
+
+from runtime.core.admission import PrefillBudget
+from runtime.core.batch import ForwardMode, ScheduledItem, StepPlan, StepResult
+from runtime.core.cache.radix_cache import MatchResult
+from runtime.core.kv_manager import KVManager
+from runtime.core.policy.base import SchedulePolicy
+from runtime.core.request import FinishReason, Request, RequestStatus
+from runtime.core.scheduler_config import SchedulerConfig
+
+
+class Scheduler:
+    """Owns the queues. Every request ends FINISHED or ABORTED with a reason (never lost):
+    `waiting` (no KV) -> `chunked` (partly prefilled) -> `running` (decoding) -> done,
+    with retraction from `running` back to `waiting`. Finished requests are handed to the
+    driver through `pop_finished()`."""
+
+    def __init__(self, config: SchedulerConfig, policy: SchedulePolicy, kv: KVManager,
+                 max_context_tokens: int | None = None) -> None:
+        self.config = config
+        self.policy = policy
+        self.kv = kv
+        self.max_context_tokens = max_context_tokens
+        self.waiting: list[Request] = []          # sorted by arrival
+        self.running: list[Request] = []          # decoding
+        self.chunked: Request | None = None       # admitted, prefill not finished
+        self.new_token_ratio = config.init_new_token_ratio
+        self.step_id = 0
+        self.num_retractions = 0
+        self._finished: list[Request] = []
+        self._abort_rids: set[str] = set()
+
+    # -- intake ---------------------------------------------------------------------------
+    def add(self, req: Request, now: float) -> None:
+        """Queue a new request. One that can never run (longer than the context or the whole
+        KV pool) ends at once as ABORTED with reason TOO_LONG."""
+        if not req.input_ids:
+            raise ValueError(f"request {req.rid} has an empty prompt")
+        if self.max_context_tokens is not None:
+            room = self.max_context_tokens - len(req.input_ids)
+            if room < 1:
+                self._end(req, FinishReason.TOO_LONG, now)
+                return
+            if req.sampling.max_new_tokens > room:
+                req.sampling = dataclasses.replace(req.sampling, max_new_tokens=room)
+        if len(req.input_ids) + 1 > self.kv.capacity_tokens:
+            self._end(req, FinishReason.TOO_LONG, now)
+            return
+        req.status = RequestStatus.WAITING
+        self._enqueue(req)
+
+    def abort(self, rid: str) -> None:
+        """Abort a request by id; takes effect at the next `schedule` (never inside a step)."""
+        self._abort_rids.add(rid)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.chunked is not None)
+
+    def pop_finished(self) -> list[Request]:
+        done, self._finished = self._finished, []
+        return done
+
+    # -- planning -------------------------------------------------------------------------
+    def schedule(self, now: float) -> StepPlan | None:
+        """The next step: a prefill (extend) batch if any request can be admitted, otherwise a
+        decode batch of all running requests (mixed-chunk mode: both in one). None when idle."""
+        if self._abort_rids:
+            self._apply_aborts(now)
+        plan = self._schedule_prefill(now)
+        if plan is None:
+            plan = self._schedule_decode(now)
+        return plan
+
+    def _schedule_prefill(self, now: float) -> StepPlan | None:
+        if not self.waiting and self.chunked is None:
+            return None
+        mixed = self.config.enable_mixed_chunk and bool(self.running)
+        budget = PrefillBudget(self.config, self.kv, self.running, self.new_token_ratio,
+                               num_mixed_decodes=len(self.running) if mixed else 0)
+        admitted: list[tuple[Request, int]] = []
+        num_cache_hit_tokens = 0
+        if self.chunked is not None:
+            take = budget.take_chunk(self.chunked)
+            if take > 0:
+                admitted.append((self.chunked, take))
+        if self.waiting and budget.can_admit_more() and not (admitted and budget.chunk_full()):
+            num_cache_hit_tokens = self._admit_waiting(budget, admitted, now)
+        if not admitted:
+            return None
+        items = self._allocate_prefill(admitted, now)
+        if not items:
+            return None
+        mode = ForwardMode.EXTEND
+        retracted: list[str] = []
+        if mixed:
+            retracted = self._make_room_for_decode(now)
+            items += self._decode_items(now)
+            mode = ForwardMode.MIXED if self.running else ForwardMode.EXTEND
+        return StepPlan(self.step_id, mode, items, num_cache_hit_tokens, retracted)
+
+    def _admit_waiting(self, budget: PrefillBudget, admitted: list[tuple[Request, int]],
+                       now: float) -> int:
+        """Walk the policy's order and admit while the budget allows; returns cache-hit tokens."""
+        matches: dict[Request, MatchResult] = {}
+
+        def match(req: Request) -> MatchResult:
+            matches[req] = self.kv.match(req)
+            return matches[req]
+
+        num_cache_hit_tokens = 0
+        for req in self.policy.order(self.waiting, match, now):
+            if self._num_active(admitted) >= self.config.max_running_requests:
+                if not self._preempt_for(req, budget, now, need_slot=True):
+                    break
+            if not budget.can_admit_more():
+                break
+            m = matches.get(req) or match(req)
+            self.kv.lock_prefix(req, m, now)
+            take = budget.take_new(req, nothing_else_runs=not self.running and not admitted)
+            if take <= 0 and self._preempt_for(req, budget, now, need_slot=False):
+                take = budget.take_new(req, nothing_else_runs=not self.running and not admitted)
+            if take <= 0:
+                self.kv.unlock_prefix(req, now)
+                break
+            if req.admitted_s is None:
+                req.admitted_s = now
+                req.num_cached_tokens = m.length
+            num_cache_hit_tokens += m.length
+            admitted.append((req, take))
+            if budget.chunk_full() or take < req.num_fill_tokens - req.num_computed_tokens:
+                break
+        if admitted:
+            chosen = {r for r, _ in admitted}
+            self.waiting = [r for r in self.waiting if r not in chosen]
+        return num_cache_hit_tokens
+
+    def _allocate_prefill(self, admitted: list[tuple[Request, int]], now: float) -> list[ScheduledItem]:
+        items: list[ScheduledItem] = []
+        for req, take in admitted:
+            start = req.num_computed_tokens
+            try:
+                slots = self.kv.allocate(req, take, now)
+            except MemoryError:                     # page rounding beat the estimate: retry later
+                if req is self.chunked:
+                    continue
+                self.kv.release(req, now)
+                self._enqueue(req)
+                continue
+            done = start + take == req.num_fill_tokens
+            req.status = RequestStatus.PREFILL
+            self.chunked = None if done else req
+            items.append(ScheduledItem(req, start, take, slots, is_decode=False, samples=done))
+        return items
+
+    def _schedule_decode(self, now: float) -> StepPlan | None:
+        if not self.running:
+            self.new_token_ratio = self.config.init_new_token_ratio
+            return None
+        retracted = self._make_room_for_decode(now)
+        if not self.running:
+            return None
+        items = self._decode_items(now)
+        return StepPlan(self.step_id, ForwardMode.DECODE, items, 0, retracted)
+
+    def _decode_items(self, now: float) -> list[ScheduledItem]:
+        items = []
+        for req in self.running:
+            start = req.num_computed_tokens
+            slots = self.kv.allocate(req, 1, now)
+            items.append(ScheduledItem(req, start, 1, slots, is_decode=True, samples=True))
+        return items
+
+    # -- memory pressure -----------------------------------------------------------------
+    def _decode_pages(self, reqs: list[Request]) -> int:
+        return sum(self.kv.pages_needed(r, 1) for r in reqs)
+
+    def _make_room_for_decode(self, now: float) -> list[str]:
+        """Retract running requests until the next decode step fits (SGLang's retract_decode):
+        fewest output tokens first, then longest input. Returns the retracted rids."""
+        page = self.kv.page_size
+        if self.kv.available_tokens() >= self._decode_pages(self.running) * page:
+            self.new_token_ratio = max(self.new_token_ratio - self.config.new_token_ratio_decay,
+                                       self.config.min_new_token_ratio)
+            return []
+        victims = sorted(self.running, key=lambda r: (len(r.output_ids), -len(r.input_ids)), reverse=True)
+        retracted: list[Request] = []
+        while len(victims) > 1 and (
+            not retracted
+            or self.kv.available_tokens() < len(victims) * self.config.retract_decode_steps * page
+        ):
+            req = victims.pop()
+            self._retract(req, now)
+            retracted.append(req)
+        if self.kv.available_tokens() < self._decode_pages(victims) * page:
+            for req in victims:                    # a lone request longer than the whole pool
+                self._end(req, FinishReason.TOO_LONG, now)
+            victims = []
+        gone = set(retracted)
+        self.running = [r for r in self.running if r not in gone and not r.is_finished]
+        if self.running:
+            decoded = sum(len(r.output_ids) for r in self.running)
+            budget = sum(r.sampling.max_new_tokens for r in self.running)
+            estimate = (decoded + self.config.retract_decode_steps * len(self.running)) / max(budget, 1)
+            self.new_token_ratio = min(1.0, estimate)
+        return [r.rid for r in retracted]
+
+    def _preempt_for(self, req: Request, budget: PrefillBudget, now: float, need_slot: bool) -> bool:
+        """Priority preemption: retract running requests less important than `req` by at least
+        the policy's threshold, least important (then newest) first, until `req` fits."""
+        threshold = self.policy.preemption_threshold
+        if threshold is None:
+            return False
+        importance = getattr(self.policy, "importance", lambda r: r.priority)
+        bar = importance(req) - threshold
+        victims = sorted((r for r in self.running if importance(r) <= bar),
+                         key=lambda r: (importance(r), -r.arrival_s), reverse=True)
+        preempted = False
+        while victims:
+            victim = victims.pop()
+            self._retract(victim, now)
+            self.running.remove(victim)
+            budget.forget_running(victim)
+            preempted = True
+            if need_slot or budget.fits(req):
+                break
+        return preempted
+
+    def _retract(self, req: Request, now: float) -> None:
+        self.kv.release(req, now)
+        req.num_retractions += 1
+        req.prefix_match_len = 0
+        self.num_retractions += 1
+        self._enqueue(req)
+
+    # -- results ----------------------------------------------------------------------------
+    def commit(self, plan: StepPlan, result: StepResult, now: float) -> None:
+        """Apply a finished step at time `now` (its end): advance computed tokens, append the
+        sampled tokens, finish requests, cache prefilled prefixes, move prefills to running."""
+        tokens = iter(result.next_token_ids)
+        for item in plan.items:
+            req = item.request
+            req.num_computed_tokens += item.num_new_tokens
+            if not item.samples:
+                self.kv.cache_unfinished(req, now)
+                continue
+            token = next(tokens)
+            req.output_ids.append(token)
+            req.token_times_s.append(now)
+            if req.first_token_s is None:
+                req.first_token_s = now
+            reason = req.finishes_with(token)
+            if reason is not None:
+                self._end(req, reason, now)
+            elif not item.is_decode:
+                self.kv.cache_unfinished(req, now)
+                req.status = RequestStatus.DECODING
+                self.running.append(req)
+        if any(r.is_finished for r in self.running):
+            self.running = [r for r in self.running if not r.is_finished]
+        self.step_id += 1
+
+    # -- decode runs (the simulator's fast-forward) ----------------------------------------------
+    def decode_run_bound(self, plan: StepPlan, max_steps: int) -> int:
+        """How many consecutive decode steps, starting with `plan`, provably make the same
+        decisions as `plan` when nothing arrives: no request can be admitted, none finishes
+        before the last of them, none can hit a stop token, and the KV pool has enough free
+        slots (no eviction, no retraction). Always >= 1."""
+        if plan.mode is not ForwardMode.DECODE or max_steps <= 1 or self.chunked is not None:
+            return 1
+        if self._abort_rids or (self.waiting and len(self.running) < self.config.max_running_requests):
+            return 1
+        k = max_steps
+        for req in self.running:
+            if req.sampling.stop_token_ids and not req.sampling.ignore_eos:
+                return 1
+            k = min(k, req.max_new_tokens_left)
+        if k <= 1:
+            return 1
+        free_pages = self.kv.allocator.num_free_slots // self.kv.page_size
+        if self.kv.page_size == 1:
+            return max(1, min(k, free_pages // len(self.running) + 1))
+        lo, hi = 1, k                              # largest k whose pages fit (monotone in k)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self._run_pages(mid) <= free_pages:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _run_pages(self, num_steps: int) -> int:
+        """Pages the running requests need for steps 2..num_steps of a decode run."""
+        return sum(self.kv.allocator.num_pages_needed(len(r.kv_slots), num_steps - 1) for r in self.running)
+
+    def commit_decode_run(self, plan: StepPlan, end_s: list[float], tokens: list[list[int]]) -> list[int]:
+        """Apply k = len(end_s) decode steps of `plan`'s batch at once (k <= decode_run_bound).
+        `tokens[i]` are the k tokens of plan.items[i]. Returns KV slots in use after each step."""
+        k = len(end_s)
+        used_after_first = self.kv.used_tokens()
+        page = self.kv.page_size
+        new_slots_per_step = [0] * k
+        for item, toks in zip(plan.items, tokens):
+            req = item.request
+            if k > 1:
+                if page > 1:
+                    pos0 = len(req.kv_slots)          # position of step 2's token
+                    for j in range(1, k):
+                        if (pos0 + j - 1) % page == 0:
+                            new_slots_per_step[j] += page
+                self.kv.allocate(req, k - 1, end_s[0])
+            req.num_computed_tokens += k
+            req.output_ids.extend(toks)
+            req.token_times_s.extend(end_s)
+            if req.first_token_s is None:
+                req.first_token_s = end_s[0]
+            reason = req.finishes_with(toks[-1])
+            if reason is not None:
+                self._end(req, reason, end_s[-1])
+        if page == 1:
+            n = len(plan.items)
+            used = [used_after_first + n * j for j in range(k)]
+        else:
+            used, total = [], used_after_first
+            for j in range(k):
+                total += new_slots_per_step[j]
+                used.append(total)
+        self.running = [r for r in self.running if not r.is_finished]
+        self.new_token_ratio = max(self.new_token_ratio - (k - 1) * self.config.new_token_ratio_decay,
+                                   self.config.min_new_token_ratio)
+        self.step_id += k
+        return used
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _num_active(self, admitted: list[tuple[Request, int]]) -> int:
+        """Requests holding (or about to hold) KV: running, chunked and admitted this step."""
+        extra = sum(1 for r, _ in admitted if r is not self.chunked)
+        return len(self.running) + (self.chunked is not None) + extra
+
+    def _enqueue(self, req: Request) -> None:
+        req.status = RequestStatus.WAITING
+        bisect.insort(self.waiting, req, key=lambda r: r.arrival_s)
+
+    def _end(self, req: Request, reason: FinishReason, now: float) -> None:
+        self.kv.release(req, now)
+        req.finish_reason = reason
+        req.finish_s = now
+        req.status = RequestStatus.ABORTED if reason in (FinishReason.ABORT, FinishReason.TOO_LONG) \
+            else RequestStatus.FINISHED
+        if self.chunked is req:
+            self.chunked = None
+        self._finished.append(req)
+
+    def _apply_aborts(self, now: float) -> None:
+        rids, self._abort_rids = self._abort_rids, set()
+        for queue in (self.waiting, self.running, [self.chunked] if self.chunked else []):
+            for req in [r for r in queue if r.rid in rids]:
+                self._end(req, FinishReason.ABORT, now)
+        self.waiting = [r for r in self.waiting if not r.is_finished]
+        self.running = [r for r in self.running if not r.is_finished]

@@ -1,0 +1,56 @@
+"""Turns a step plan into a predicted duration (through a cost model) and sampled tokens.
+
+Torch-free. Tokens are the trace's real output when it has one (`expected_output_ids`), else a
+deterministic pseudo-random stream per request, so multi-turn traces hit the cache as in reality.
+"""
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+
+from runtime.core.batch import StepPlan, StepResult
+from runtime.core.request import Request
+from sim.costmodel.base import CostModel, StepShape
+
+
+def simulated_tokens(req: Request, first_index: int, num_tokens: int, vocab_size: int) -> list[int]:
+    """Output tokens first_index.. of `req`: the trace's own tokens where known, else a
+    splitmix64 hash of (crc32(rid), index) -- deterministic across processes and runs."""
+    expected = req.expected_output_ids or ()
+    known = list(expected[first_index:first_index + num_tokens])
+    missing = num_tokens - len(known)
+    if missing <= 0:
+        return known
+    start = first_index + len(known)
+    x = np.arange(start, start + missing, dtype=np.uint64) + np.uint64(zlib.crc32(req.rid.encode()) << 20)
+    with np.errstate(over="ignore"):
+        x = (x + np.uint64(0x9E3779B97F4A7C15)) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x = x ^ (x >> np.uint64(31))
+    return known + (x % np.uint64(vocab_size)).astype(np.int64).tolist()
+
+
+class SimExecutor:
+    """`execute(plan)` -> StepResult with the cost model's duration; `decode_run(plan, k)` ->
+    (durations [k], tokens per item [n][k]) for k consecutive decode steps of an unchanged batch."""
+
+    def __init__(self, cost_model: CostModel, vocab_size: int) -> None:
+        self.cost_model = cost_model
+        self.vocab_size = vocab_size
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        duration_s = self.cost_model.step_time_s(StepShape.from_plan(plan))
+        tokens = [simulated_tokens(it.request, len(it.request.output_ids), 1, self.vocab_size)[0]
+                  for it in plan.sampling_items]
+        return StepResult(next_token_ids=tokens, duration_s=duration_s)
+
+    def decode_durations_s(self, plan: StepPlan, num_steps: int) -> np.ndarray:
+        num_reqs = len(plan.items)
+        context0 = sum(it.context_tokens for it in plan.items)
+        context = context0 + num_reqs * np.arange(num_steps, dtype=np.int64)   # [k]
+        return self.cost_model.decode_times_s(num_reqs, context)
+
+    def decode_tokens(self, plan: StepPlan, num_steps: int) -> list[list[int]]:
+        return [simulated_tokens(it.request, len(it.request.output_ids), num_steps, self.vocab_size)
+                for it in plan.items]
