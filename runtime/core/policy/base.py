@@ -13,8 +13,9 @@ MatchFn = Callable[[Request], MatchResult]
 
 
 class SchedulePolicy(Protocol):
-    """`order(waiting, match, now)` returns the waiting requests in the order admission should try
-    them. It must return every request exactly once and must not mutate the requests, except that
+    """`order(waiting, match, now)` returns the waiting requests admission should try this step,
+    in order. Requests left out wait for a later step (in-batch prefix caching holds some back);
+    none may appear twice. It must not mutate the requests, except that
     calling `match(req)` stores the cached-prefix length in `req.prefix_match_len` (cache-aware
     policies call it; the scheduler reuses the matches made in the same step).
 

@@ -50,4 +50,4 @@ class DFSWeightPolicy:
             stack.append((key, True))
             kids = sorted(children.get(key, ()), key=lambda k: (weight[k], -node_of[k].node_id))
             stack.extend((k, False) for k in kids)   # the heaviest child is popped first
-        return [r for r in ordered if r not in held] + [r for r in ordered if r in held]
+        return [r for r in ordered if r not in held]      # held-back requests wait a step

@@ -24,5 +24,5 @@ class LPMPolicy:
         for req in queue:
             match(req)
         held = held_back(queue, self.in_batch_prefix_threshold_tokens)
-        # stable sort: held-back requests last, then longest match first, ties in arrival order
-        return sorted(queue, key=lambda r: (r in held, -r.prefix_match_len))
+        # held-back requests wait a step; longest match first, ties in arrival order (stable sort)
+        return sorted((r for r in queue if r not in held), key=lambda r: -r.prefix_match_len)

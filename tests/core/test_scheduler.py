@@ -1,0 +1,147 @@
+"""Scheduler behaviour: nothing lost, overload retracts and recovers, chunking, budgets, ratio."""
+from __future__ import annotations
+
+import pytest
+
+from runtime.core.batch import ForwardMode
+from runtime.core.request import FinishReason, Request, RequestStatus
+from tests.core.harness import check_invariants, make_scheduler, random_specs, run_to_completion, spec
+
+
+def test_every_request_ends_with_a_reason():
+    specs = random_specs(150, seed=1)
+    sched = make_scheduler(capacity=6000, chunked_prefill_size=128, max_prefill_tokens=256)
+    done, _ = run_to_completion(sched, specs)
+    assert sorted(r.rid for r in done) == sorted(s.rid for s in specs)
+    for req in done:
+        assert req.finish_reason is FinishReason.LENGTH
+        assert len(req.output_ids) == req.sampling.max_new_tokens
+        assert req.first_token_s is not None and req.finish_s >= req.first_token_s
+    alloc, cache = sched.kv.allocator, sched.kv.cache
+    assert cache.protected_size() == 0
+    assert alloc.num_free_slots + cache.evictable_size() == alloc.capacity_slots
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_overload_at_three_times_capacity_retracts_and_finishes(page_size):
+    # every request needs ~200 tokens of KV at its end; 60 of them want 3x the pool at once
+    specs = [spec(f"r{i}", [i % 7] * 40 + list(range(i, i + 60)), 100) for i in range(60)]
+    demand = sum(len(s.input_ids) + s.output_len for s in specs)
+    capacity = demand // 3
+    sched = make_scheduler(capacity=capacity, page_size=page_size)
+    done, plans = run_to_completion(sched, specs)
+    assert sched.num_retractions > 0
+    assert sum(len(p.retracted_rids) for p in plans) == sched.num_retractions
+    assert all(r.finish_reason is FinishReason.LENGTH for r in done) and len(done) == 60
+    assert any(r.num_retractions > 0 for r in done)
+
+
+def test_retraction_picks_fewest_outputs_then_longest_input_and_ratio_jumps():
+    # no reservation for running requests, so all three get in and then outgrow the pool;
+    # long_in and mid_in are admitted together (same output count): the longer input goes first
+    sched = make_scheduler(capacity=420, chunked_prefill_size=0, init_new_token_ratio=0.0,
+                           min_new_token_ratio=0.0)
+    specs = [spec("short_in", range(50), 100), spec("long_in", range(100, 190), 100, arrival_s=0.0005),
+             spec("mid_in", range(200, 270), 100, arrival_s=0.0005)]
+    retracted, ratio_after = [], []
+
+    def watch(plan):
+        retracted.extend(plan.retracted_rids)
+        if plan.retracted_rids:
+            ratio_after.append(sched.new_token_ratio)
+    run_to_completion(sched, specs, on_plan=watch)
+    assert retracted and retracted[0] == "long_in"
+    assert ratio_after[0] > 0.0    # jumped back from 0 after the retraction
+
+
+def test_chunked_prefill_splits_as_configured():
+    sched = make_scheduler(capacity=20000, chunked_prefill_size=4096, max_prefill_tokens=16384)
+    chunks = []
+    run_to_completion(sched, [spec("big", range(10000), 2)],
+                      on_plan=lambda p: chunks.extend(it.num_new_tokens for it in p.items if not it.is_decode))
+    assert chunks == [4096, 4096, 1808]
+
+
+def test_max_prefill_tokens_bounds_a_step_but_one_long_request_still_runs():
+    sched = make_scheduler(capacity=50000, chunked_prefill_size=0, max_prefill_tokens=1000)
+    specs = [spec(f"r{i}", range(i * 1000, i * 1000 + 400), 2) for i in range(5)] + [spec("long", range(9000, 12000), 2)]
+    plans = []
+    run_to_completion(sched, specs, on_plan=plans.append)
+    prefill_steps = [p.num_prefill_tokens for p in plans if p.num_prefill_tokens]
+    assert 3000 in prefill_steps
+    assert all(t <= 1000 for t in prefill_steps if t != 3000)
+
+
+def test_max_running_requests_is_respected():
+    sched = make_scheduler(capacity=50000, max_running_requests=3)
+    active = []
+
+    def watch(plan):
+        holding = {id(it.request) for it in plan.items} | {id(r) for r in sched.running}
+        active.append(len(holding))
+    run_to_completion(sched, random_specs(20, seed=3), on_plan=watch)
+    assert max(active) == 3
+
+
+def test_decode_batches_every_running_request_and_ratio_decays():
+    sched = make_scheduler(capacity=50000, new_token_ratio_decay_steps=10)
+    ratios = []
+    plans = []
+
+    def watch(plan):
+        plans.append(plan)
+        ratios.append(sched.new_token_ratio)
+    run_to_completion(sched, [spec(f"r{i}", range(i, i + 30), 40) for i in range(4)], on_plan=watch)
+    decode = [p for p in plans if p.mode is ForwardMode.DECODE]
+    assert decode[0].batch_size == 4
+    decaying = [r for p, r in zip(plans, ratios) if p.mode is ForwardMode.DECODE]
+    assert decaying[0] < 0.7 and min(decaying) == pytest.approx(0.1)
+
+
+def test_mixed_chunk_mode_runs_prefill_and_decode_together():
+    sched = make_scheduler(capacity=50000, enable_mixed_chunk=True)
+    specs = [spec("a", range(100), 50), spec("b", range(200, 300), 5, arrival_s=0.01)]
+    plans = []
+    run_to_completion(sched, specs, on_plan=plans.append)
+    mixed = [p for p in plans if p.mode is ForwardMode.MIXED]
+    assert mixed and mixed[0].num_decode_requests == 1 and mixed[0].num_prefill_tokens == 100
+
+
+def test_too_long_requests_abort_with_reason():
+    sched = make_scheduler(capacity=100)
+    sched.add(Request.from_spec(spec("huge", range(200), 5)), 0.0)
+    (req,) = sched.pop_finished()
+    assert req.status is RequestStatus.ABORTED and req.finish_reason is FinishReason.TOO_LONG
+
+
+def test_abort_frees_kv_and_ends_request():
+    sched = make_scheduler(capacity=5000)
+    for s in [spec("a", range(50), 100), spec("b", range(100, 150), 100)]:
+        sched.add(Request.from_spec(s), 0.0)
+    plan = sched.schedule(0.0)
+    from tests.core.harness import fake_tokens
+    sched.commit(plan, fake_tokens(plan), 0.001)
+    sched.abort("a")
+    plan = sched.schedule(0.002)
+    aborted = sched.pop_finished()
+    assert [r.rid for r in aborted] == ["a"] and aborted[0].finish_reason is FinishReason.ABORT
+    assert [it.request.rid for it in plan.items] == ["b"]
+    sched.commit(plan, fake_tokens(plan), 0.003)
+    check_invariants(sched)
+
+
+def test_prefix_is_cached_after_prefill_and_hit_by_the_next_request():
+    sched = make_scheduler(capacity=5000)
+    shared = list(range(300))
+    specs = [spec("first", shared + [1, 2, 3], 3), spec("second", shared + [4, 5], 3, arrival_s=0.0005)]
+    done, _ = run_to_completion(sched, specs)
+    second = next(r for r in done if r.rid == "second")
+    assert second.num_cached_tokens == 300
+
+
+def test_disabled_cache_never_hits():
+    sched = make_scheduler(capacity=5000, cache_enabled=False)
+    shared = list(range(300))
+    done, _ = run_to_completion(sched, [spec("a", shared + [1], 3), spec("b", shared + [2], 3, arrival_s=0.01)])
+    assert all(r.num_cached_tokens == 0 for r in done)
+    assert sched.kv.allocator.num_free_slots == 5000
