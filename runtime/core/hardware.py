@@ -33,7 +33,8 @@ class HardwareSpec:
         for key in ("memory_bytes", "hbm_bandwidth_bytes_per_s", "peak_bf16_flops",
                     "peak_fp8_flops", "nvlink_bandwidth_bytes_per_s", "num_gpus_per_node"):
             if getattr(self, key) <= 0:
-                raise ValueError(f"hardware {self.name}: {key} must be > 0, got {getattr(self, key)}")
+                raise ValueError(
+                    f"hardware {self.name}: {key} must be > 0, got {getattr(self, key)}")
         if self.kernel_launch_s < 0 or self.cuda_graph_launch_s < 0:
             raise ValueError(f"hardware {self.name}: launch costs must be >= 0")
 

@@ -84,7 +84,8 @@ def tp_problem(model: ModelSpec, tp: int) -> str | None:
     if len(model.moe_layer_ids) < model.num_layers and model.intermediate_size % tp:
         return f"does not divide intermediate_size={model.intermediate_size}"
     if model.is_moe and model.shared_expert_intermediate_size % tp:
-        return f"does not divide shared_expert_intermediate_size={model.shared_expert_intermediate_size}"
+        shared = model.shared_expert_intermediate_size
+        return f"does not divide shared_expert_intermediate_size={shared}"
     return None
 
 
@@ -108,7 +109,8 @@ def kv_capacity_tokens(model: ModelSpec, hardware: HardwareSpec, layout: Paralle
     budget_bytes = hardware.memory_bytes * mem_fraction_static - activation_reserve_bytes
     weight_bytes = model.weight_bytes_per_gpu(layout)
     layers_per_gpu = model.num_layers // layout.pp
-    kv_per_token_bytes = model.kv_bytes_per_token_per_layer(kv_dtype_bytes, layout.tp) * layers_per_gpu
+    kv_layer_bytes = model.kv_bytes_per_token_per_layer(kv_dtype_bytes, layout.tp)
+    kv_per_token_bytes = kv_layer_bytes * layers_per_gpu
     tokens = int((budget_bytes - weight_bytes) // kv_per_token_bytes)
     if tokens < 1:
         raise ValueError(_no_room_message(model, hardware, layout, mem_fraction_static,

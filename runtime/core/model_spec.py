@@ -41,7 +41,7 @@ class ModelSpec:
     """
 
     name: str
-    hf_config: dict = field(repr=False)
+    hf_config: dict = field(repr=False, hash=False)   # hashed by name and dtype only
     weight_dtype: str = "bfloat16"
 
     def __post_init__(self) -> None:
@@ -232,7 +232,7 @@ class ModelSpec:
         else:
             parts = [("attention", h * q_rank, "rep"), ("norms_and_biases", q_rank, "rep"),
                      ("attention", q_rank * heads * qk, "tp")]                   # q_a, norm, q_b
-        parts += [("attention", h * (kvr + r), "rep"),                           # kv_a_proj_with_mqa
+        parts += [("attention", h * (kvr + r), "rep"),                           # kv_a_proj
                   ("norms_and_biases", kvr, "rep"),                              # kv_a_layernorm
                   ("attention", kvr * heads * (self.qk_nope_head_dim + self.v_head_dim), "tp"),
                   ("attention", heads * self.v_head_dim * h, "tp")]              # kv_b, o_proj

@@ -1,0 +1,80 @@
+"""The cost-model contract: the shape of one forward step, and the Protocol that prices it.
+
+Imports no torch and no clock; numpy only. A replay or profiled model need only implement
+`CostModel`; the simulator's executor reduces each StepPlan to a StepShape first.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from runtime.core.batch import StepPlan
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What a cost model needs from a step (hashable, so models may cache on it).
+
+    extend_new_tokens[i]    new tokens of prefill item i this step;
+    extend_prefix_tokens[i] tokens of item i already in KV (cached prefix or earlier chunks);
+    num_decode_reqs         decode items, one new token each;
+    decode_context_tokens   sum over decode items of the KV length attended (prefix + 1).
+    """
+
+    extend_new_tokens: tuple[int, ...] = ()
+    extend_prefix_tokens: tuple[int, ...] = ()
+    num_decode_reqs: int = 0
+    decode_context_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if len(self.extend_new_tokens) != len(self.extend_prefix_tokens):
+            raise ValueError("extend_new_tokens and extend_prefix_tokens differ in length")
+        if self.num_decode_reqs < 0 or self.decode_context_tokens < self.num_decode_reqs:
+            raise ValueError(f"decode context {self.decode_context_tokens} tokens is less than "
+                             f"one token for each of {self.num_decode_reqs} decode requests")
+
+    @classmethod
+    def from_plan(cls, plan: StepPlan) -> "StepShape":
+        extends = [it for it in plan.items if not it.is_decode]
+        decodes = [it for it in plan.items if it.is_decode]
+        return cls(
+            extend_new_tokens=tuple(it.num_new_tokens for it in extends),
+            extend_prefix_tokens=tuple(it.num_prefix_tokens for it in extends),
+            num_decode_reqs=len(decodes),
+            decode_context_tokens=sum(it.context_tokens for it in decodes),
+        )
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens run through the model this step (prefill chunks plus one per decode)."""
+        return sum(self.extend_new_tokens) + self.num_decode_reqs
+
+    @property
+    def num_seqs(self) -> int:
+        """Sequences in the step; each gets one row of logits."""
+        return len(self.extend_new_tokens) + self.num_decode_reqs
+
+    @property
+    def is_decode_only(self) -> bool:
+        return not self.extend_new_tokens and self.num_decode_reqs > 0
+
+
+class CostModel(Protocol):
+    """Predicts how long one forward step takes on one DP replica, in seconds."""
+
+    def step_time_s(self, shape: StepShape) -> float:
+        """Duration of the step: GPU work, launch overhead and per-step CPU overhead."""
+        ...
+
+    def decode_times_s(self, num_reqs: int, context_tokens: np.ndarray) -> np.ndarray:
+        """Durations of consecutive decode-only steps of one batch of `num_reqs` requests,
+        where context_tokens[j] is the step-j sum of KV lengths. Element j must equal
+        step_time_s(StepShape(num_decode_reqs=num_reqs,
+                              decode_context_tokens=context_tokens[j]))."""
+        ...
+
+    def breakdown_s(self, shape: StepShape) -> dict[str, float]:
+        """Per-operator durations of the step; the values sum to step_time_s(shape)."""
+        ...

@@ -1,0 +1,126 @@
+"""Roofline cost model: each operator costs max(FLOPs / achieved FLOP/s, bytes / achieved B/s).
+
+numpy only; no torch, no simpy, no clock. Operators follow SGLang's kernels for one DP
+replica (every GPU of a TP group does the same work in parallel, so per-GPU time is step time);
+pipeline stages run one after another (no micro-batch overlap).
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from runtime.core.hardware import HardwareSpec
+from runtime.core.layout import ParallelLayout
+from runtime.core.model_spec import ModelSpec
+from sim.costmodel.base import StepShape
+from sim.costmodel.roofline_ops import GPU_OPS, FixedTerms, LayerCoefficients, price_fixed_terms
+
+# Breakdown keys, in summation order: GPU work, then `launch` (host launch time the GPU does
+# not hide) and `cpu_overhead` (the scheduler's per-step work).
+OPS = GPU_OPS + ("launch", "cpu_overhead")
+
+
+class RooflineCostModel:
+    """Prices a StepShape from model sizes and hardware rates; see roofline_ops for operators.
+
+    Efficiencies scale the hardware's (measured) peaks: `mfu` and `mbu` for dense GEMMs
+    (projections, MLPs, lm_head), `attention_mfu`/`attention_mbu` for attention kernels,
+    `moe_efficiency` multiplies both for the fused-MoE grouped GEMMs, `comm_efficiency` for
+    NVLink collectives, which also pay `comm_latency_s` each.
+
+    Launch: a decode-only step of at most `cuda_graph_max_bs` requests replays a CUDA graph
+    (`hardware.cuda_graph_launch_s`, when `cuda_graph`); any other step launches every kernel
+    eagerly at `hardware.kernel_launch_s` each, overlapped with GPU work, so only the host time
+    beyond the GPU time shows (at least one launch). Each kernel also costs `kernel_floor_s` of
+    GPU time (ramp and tail), plus `eager_kernel_gap_s` when launched eagerly (a graph's
+    launches are queued on the GPU in advance). `kernels_per_layer=None` counts SGLang's kernels
+    per layer kind. Per step the CPU adds `cpu_overhead_s + cpu_overhead_per_seq_s * seqs`; the
+    sampler adds `sampler_base_s + sampler_per_seq_s * seqs` of GPU time.
+    """
+
+    def __init__(self, model: ModelSpec, hardware: HardwareSpec, layout: ParallelLayout,
+                 mfu: float = 0.75, mbu: float = 0.85, attention_mfu: float = 0.55,
+                 attention_mbu: float = 0.7, moe_efficiency: float = 0.7,
+                 comm_efficiency: float = 0.7, comm_latency_s: float = 10e-6,
+                 cuda_graph: bool = True, cuda_graph_max_bs: int = 256,
+                 kernels_per_layer: int | None = None, kernel_floor_s: float = 1.5e-6,
+                 eager_kernel_gap_s: float = 1.0e-6,
+                 cpu_overhead_s: float = 2e-4, cpu_overhead_per_seq_s: float = 2e-6,
+                 sampler_base_s: float = 2e-5, sampler_per_seq_s: float = 5e-7,
+                 elementwise_passes_per_layer: int = 8, kv_dtype_bytes: int = 2,
+                 act_dtype_bytes: int = 2, cache_size: int = 65536) -> None:
+        layout.validate(model)
+        for key, value in (("mfu", mfu), ("mbu", mbu), ("attention_mfu", attention_mfu),
+                           ("attention_mbu", attention_mbu), ("moe_efficiency", moe_efficiency),
+                           ("comm_efficiency", comm_efficiency)):
+            if not 0 < value <= 1:
+                raise ValueError(f"{key} must be in (0, 1], got {value}")
+        self.model, self.hardware, self.layout = model, hardware, layout
+        self.cuda_graph, self.cuda_graph_max_bs = cuda_graph, cuda_graph_max_bs
+        self.cpu_overhead_s, self.cpu_overhead_per_seq_s = cpu_overhead_s, cpu_overhead_per_seq_s
+        self.coef = LayerCoefficients.build(
+            model, hardware, layout, mfu=mfu, mbu=mbu, attention_mfu=attention_mfu,
+            attention_mbu=attention_mbu, moe_efficiency=moe_efficiency,
+            comm_efficiency=comm_efficiency, comm_latency_s=comm_latency_s,
+            kernels_per_layer=kernels_per_layer, kernel_floor_s=kernel_floor_s,
+            eager_kernel_gap_s=eager_kernel_gap_s,
+            sampler_base_s=sampler_base_s, sampler_per_seq_s=sampler_per_seq_s,
+            elementwise_passes=elementwise_passes_per_layer, kv_dtype_bytes=kv_dtype_bytes,
+            act_dtype_bytes=act_dtype_bytes)
+        # Per-instance memo of everything that does not depend on decode context lengths.
+        self._fixed = functools.lru_cache(maxsize=cache_size)(self._fixed_terms)
+
+    # -- public API -----------------------------------------------------------------
+    def step_time_s(self, shape: StepShape) -> float:
+        ctx = np.array([shape.decode_context_tokens], dtype=np.float64)
+        return float(self._total_s(shape.extend_new_tokens, shape.extend_prefix_tokens,
+                                   shape.num_decode_reqs, ctx)[0])
+
+    def decode_times_s(self, num_reqs: int, context_tokens: np.ndarray) -> np.ndarray:
+        ctx = np.asarray(context_tokens, dtype=np.float64)
+        return self._total_s((), (), int(num_reqs), ctx)
+
+    def breakdown_s(self, shape: StepShape) -> dict[str, float]:
+        fixed = self._fixed(shape.extend_new_tokens, shape.extend_prefix_tokens,
+                            shape.num_decode_reqs)
+        ctx = np.array([shape.decode_context_tokens], dtype=np.float64)
+        out = dict(fixed.gpu_s)
+        out["attn_decode"] = float(self._decode_attention_s(shape.num_decode_reqs, ctx)[0])
+        gpu = np.array([sum(out[op] for op in GPU_OPS)])
+        out["launch"] = float(self._launch_s(fixed, gpu)[0])
+        out["cpu_overhead"] = fixed.cpu_s
+        return {op: out[op] for op in OPS}
+
+    # -- internals ------------------------------------------------------------------
+    def _fixed_terms(self, extend_new: tuple[int, ...], extend_prefix: tuple[int, ...],
+                     num_decode: int) -> FixedTerms:
+        use_graph = (self.cuda_graph and not extend_new
+                     and 0 < num_decode <= self.cuda_graph_max_bs)
+        terms = price_fixed_terms(self.coef, extend_new, extend_prefix, num_decode, use_graph)
+        num_seqs = len(extend_new) + num_decode
+        terms.cpu_s = self.cpu_overhead_s + self.cpu_overhead_per_seq_s * num_seqs
+        return terms
+
+    def _total_s(self, extend_new: tuple[int, ...], extend_prefix: tuple[int, ...],
+                 num_decode: int, ctx: np.ndarray) -> np.ndarray:
+        fixed = self._fixed(extend_new, extend_prefix, num_decode)
+        gpu = fixed.gpu_sum_s + self._decode_attention_s(num_decode, ctx)
+        return gpu + self._launch_s(fixed, gpu) + fixed.cpu_s
+
+    def _decode_attention_s(self, num_decode: int, ctx: np.ndarray) -> np.ndarray:
+        """Absorbed-MLA or GQA decode attention over all layers; linear in summed context."""
+        c = self.coef
+        flops = ctx * c.decode_flops_per_ctx
+        bytes_ = ctx * c.kv_bytes_per_token_layer + num_decode * c.decode_act_bytes_per_req
+        per_layer = np.maximum(flops / c.attn_flops_per_s, bytes_ / c.attn_bytes_per_s)
+        return per_layer * c.num_layers
+
+    def _launch_s(self, fixed: FixedTerms, gpu_s: np.ndarray) -> np.ndarray:
+        hw = self.hardware
+        if fixed.num_tokens == 0:
+            return np.zeros_like(gpu_s)
+        if fixed.use_graph:
+            return np.full_like(gpu_s, hw.cuda_graph_launch_s)
+        host_s = self.coef.num_kernels * hw.kernel_launch_s
+        return np.maximum(hw.kernel_launch_s, host_s - gpu_s)
