@@ -46,6 +46,14 @@ class SimSchema:
 
 
 @dataclass
+class RealSchema:
+    device: str = "auto"                 # auto = cuda when available, else cpu
+    dtype: str = "bfloat16"              # bfloat16 | float16 | float32
+    load_format: str = "auto"            # auto: safetensors when model.path is set, else dummy
+    as_fast_as_possible: bool = False    # every request arrives at t=0 instead of its timestamp
+
+
+@dataclass
 class RunConfig:
     mode: Any = MISSING
     model: Any = MISSING
@@ -54,7 +62,7 @@ class RunConfig:
     eviction: Any = MISSING
     workload: Any = MISSING
     costmodel: Any = MISSING
-    real: Any = None
+    real: RealSchema = field(default_factory=RealSchema)
     scheduler: Any = field(default_factory=SchedulerSchema)
     cache: CacheSchema = field(default_factory=CacheSchema)
     kv: KVSchema = field(default_factory=KVSchema)

@@ -5,6 +5,9 @@ Must not import torch, simpy or time (runtime/core). The real runtime builds its
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -31,6 +34,14 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _read_checkpoint_config(path: str) -> dict:
+    config_file = Path(path) / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"model.path={path}: no config.json there (a local Hugging Face "
+                                "checkpoint directory is expected; nothing is downloaded)")
+    return json.loads(config_file.read_text())
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """One model: `hf_config` holds config.json fields under their Hugging Face names.
@@ -43,8 +54,11 @@ class ModelSpec:
     name: str
     hf_config: dict = field(repr=False, hash=False)   # hashed by name and dtype only
     weight_dtype: str = "bfloat16"
+    path: str | None = None   # a local HF checkpoint dir: its config.json replaces hf_config
 
     def __post_init__(self) -> None:
+        if self.path is not None:
+            object.__setattr__(self, "hf_config", _read_checkpoint_config(self.path))
         object.__setattr__(self, "hf_config", _plain(self.hf_config))
         if self.architecture not in ARCHITECTURES:
             raise ValueError(f"model {self.name}: model_type {self.architecture!r} is not one "

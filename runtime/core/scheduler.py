@@ -75,6 +75,8 @@ class Scheduler:
         decode batch of all running requests (mixed-chunk mode: both in one). None when idle."""
         if self._abort_rids:
             self._apply_aborts(now)
+        if not self.running:                      # an idle batch starts over with the full reservation
+            self.new_token_ratio = self.config.init_new_token_ratio
         plan = self._schedule_prefill(now)
         if plan is None:
             plan = self._schedule_decode(now)
@@ -163,7 +165,6 @@ class Scheduler:
 
     def _schedule_decode(self, now: float) -> StepPlan | None:
         if not self.running:
-            self.new_token_ratio = self.config.init_new_token_ratio
             return None
         retracted = self._make_room_for_decode(now)
         if not self.running:

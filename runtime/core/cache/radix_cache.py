@@ -1,0 +1,248 @@
+"""Radix prefix cache over token ids: maps cached prefixes to the KV slots that hold them.
+
+Must not import torch, simpy or time: every timestamp `now` (seconds) is passed in.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+from runtime.core.cache.allocator import KVSlotAllocator
+from runtime.core.cache.eviction.base import EvictionPolicy
+from runtime.core.cache.eviction_queue import EvictionQueue
+from runtime.core.cache.tree_node import TreeNode, common_prefix_len, edge_key
+
+__all__ = ["MatchResult", "RadixCache", "TreeNode"]
+
+
+@dataclass
+class MatchResult:
+    """`length` tokens matched (a multiple of page_size); `slots` their KV slots (len == length);
+    `node` the deepest matched node, ending exactly at `length` (the root when length == 0)."""
+
+    length: int
+    slots: list[int]
+    node: TreeNode
+
+
+class RadixCache:
+    """Prefix tree of token ids -> KV slots. The tree owns the slots of its nodes; they return to
+    `allocator` only through `evict` (or `reset`). Every edge holds a whole number of pages.
+
+    Sizes (tokens == slots): evictable (lock_ref == 0) + protected (lock_ref > 0) == total,
+    all kept as O(1) counters. Candidates for eviction are unlocked leaves, kept in a heap.
+    """
+
+    def __init__(
+        self,
+        allocator: KVSlotAllocator,
+        eviction: EvictionPolicy,
+        page_size: int = 1,
+        enabled: bool = True,
+    ) -> None:
+        if page_size != allocator.page_size:
+            raise ValueError(f"page_size {page_size} != allocator.page_size {allocator.page_size}")
+        self.allocator = allocator
+        self.eviction = eviction
+        self.page_size: int = page_size
+        self.enabled: bool = enabled
+        self._queue = EvictionQueue(eviction)
+        self._clear_tree()
+
+    def _clear_tree(self) -> None:
+        self._next_node_id = 0
+        self.root: TreeNode = self._new_node(None, [], [], now=0.0, priority=0)
+        self._evictable_tokens = 0
+        self._protected_tokens = 0
+        self.num_nodes = 0  # excluding the root
+        self._queue.clear()
+
+    # -- sizes (tokens) -----------------------------------------------------------------
+    def evictable_size(self) -> int:
+        return self._evictable_tokens
+
+    def protected_size(self) -> int:
+        return self._protected_tokens
+
+    def total_size(self) -> int:
+        return self._evictable_tokens + self._protected_tokens
+
+    # -- lookup and insertion ---------------------------------------------------------------
+    def match_prefix(self, token_ids: Sequence[int]) -> MatchResult:
+        """Longest cached page-aligned prefix of `token_ids`. Changes no sizes and no access stats;
+        may split a node so that the returned node ends exactly at `length`."""
+        if not self.enabled:
+            return MatchResult(0, [], self.root)
+        key = self._aligned_key(token_ids)
+        node, pos, slots = self.root, 0, []
+        while pos < len(key):
+            child = node.children.get(edge_key(key, pos, self.page_size))
+            if child is None:
+                break
+            matched = self._matched_len(key, pos, child)
+            ends_inside_edge = matched < len(child.key)
+            if ends_inside_edge:
+                child = self._split(child, matched)
+            slots.extend(child.slots)
+            node, pos = child, pos + matched
+            if ends_inside_edge:
+                break
+        return MatchResult(pos, slots, node)
+
+    def insert(self, token_ids: Sequence[int], slots: Sequence[int], now: float, priority: int = 0) -> int:
+        """Cache `token_ids` -> `slots` (equal lengths; only the page-aligned head is inserted, the
+        unaligned tail is ignored). Returns how many leading tokens (page-aligned) were ALREADY in
+        the tree; for those the tree keeps its own slots. Never frees: the caller frees its
+        duplicate slots[prefix_it_had_locked : returned] and its tail slots[aligned_len:] (see
+        README caveats). Touches the matched path (last_access_s = now, priority = max); new
+        nodes get created_s = now. enabled=False: inserts nothing and returns 0."""
+        if len(slots) != len(token_ids):
+            raise ValueError(f"insert needs one slot per token: {len(token_ids)} tokens, {len(slots)} slots")
+        if not self.enabled:
+            return 0
+        key = self._aligned_key(token_ids)
+        node, pos = self.root, 0
+        while pos < len(key):
+            child = node.children.get(edge_key(key, pos, self.page_size))
+            if child is None:
+                leaf_slots = slots[pos:len(key)]
+                self._add_leaf(node, key[pos:], leaf_slots if isinstance(leaf_slots, list) else list(leaf_slots),
+                               now, priority)
+                return pos
+            matched = self._matched_len(key, pos, child)
+            if matched < len(child.key):
+                child = self._split(child, matched)
+            child.last_access_s = now
+            child.priority = max(child.priority, priority)
+            node, pos = child, pos + matched
+        self._queue.push(node)  # a fully present key may end at a leaf whose stats just changed
+        return pos
+
+    # -- pinning ------------------------------------------------------------------------------
+    def lock(self, node: TreeNode, now: float, priority: int = 0) -> None:
+        """Pin root..node for a running request: lock_ref += 1 on each node (its tokens move from
+        evictable to protected) and record a hit: hit_count += 1, last_access_s = now,
+        priority = max(priority, node.priority). Locking the root is a no-op."""
+        if node.evicted:
+            raise ValueError(f"cannot lock {node}: it was evicted (lock right after match_prefix)")
+        while node.parent is not None:
+            if node.lock_ref == 0:
+                self._evictable_tokens -= len(node.key)
+                self._protected_tokens += len(node.key)
+            node.lock_ref += 1
+            node.hit_count += 1
+            node.last_access_s = now
+            node.priority = max(node.priority, priority)
+            node = node.parent
+
+    def unlock(self, node: TreeNode, now: float) -> None:
+        """Undo one `lock(node)`: lock_ref -= 1 along root..node, last_access_s = now. Nodes that
+        reach lock_ref 0 become evictable. ValueError (and no change) if a count would go negative."""
+        path = self._path_to_root(node)
+        if any(n.lock_ref <= 0 for n in path):
+            raise ValueError(f"unlock of {node} without a matching lock")
+        for n in path:
+            n.lock_ref -= 1
+            n.last_access_s = now
+            if n.lock_ref == 0:
+                self._protected_tokens -= len(n.key)
+                self._evictable_tokens += len(n.key)
+        if path:
+            self._queue.push(path[0])  # only the deepest node can be a leaf
+
+    # -- eviction -------------------------------------------------------------------------------
+    def evict(self, num_tokens: int, now: float) -> int:
+        """Evict unlocked leaves in the policy's order until >= num_tokens are freed or nothing is
+        evictable; their slots go back to the allocator. A parent left as an unlocked leaf becomes
+        a candidate. Returns tokens evicted (may exceed num_tokens). evict(0) is a no-op."""
+        num_evicted = 0
+        while num_evicted < num_tokens:
+            leaf = self._queue.pop()
+            if leaf is None:
+                break
+            num_evicted += self._remove_leaf(leaf)
+        return num_evicted
+
+    def reset(self) -> None:
+        """Drop every cached prefix, freeing its slots to the allocator. ValueError if any node is
+        locked (running requests still use the cache). Do not also reset the allocator first."""
+        if self._protected_tokens:
+            raise ValueError(f"reset with {self._protected_tokens} tokens still locked")
+        slots: list[int] = []
+        for node in self.iter_nodes():
+            slots.extend(node.slots)
+            node.evicted = True
+        self.allocator.free(slots)
+        self._clear_tree()
+
+    def iter_nodes(self) -> Iterator[TreeNode]:
+        """Every node except the root, parents before children (for checks and statistics)."""
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+    # -- internals ------------------------------------------------------------------------------
+    def _new_node(self, parent: TreeNode | None, key: list[int], slots: list[int], now: float,
+                  priority: int) -> TreeNode:
+        node = TreeNode(self._next_node_id, parent, key, slots, now, priority)
+        self._next_node_id += 1
+        return node
+
+    def _aligned_key(self, token_ids: Sequence[int]) -> list[int]:
+        aligned_len = len(token_ids) - len(token_ids) % self.page_size
+        if isinstance(token_ids, list) and aligned_len == len(token_ids):
+            return token_ids
+        return list(token_ids[:aligned_len])
+
+    def _matched_len(self, key: list[int], pos: int, child: TreeNode) -> int:
+        matched = common_prefix_len(key, pos, child.key)
+        return matched - matched % self.page_size
+
+    def _add_leaf(self, parent: TreeNode, key: list[int], slots: list[int], now: float,
+                  priority: int) -> None:
+        leaf = self._new_node(parent, key, slots, now, priority)
+        parent.children[edge_key(key, 0, self.page_size)] = leaf
+        self.num_nodes += 1
+        self._evictable_tokens += len(key)
+        self._queue.push(leaf)
+
+    def _split(self, child: TreeNode, num_head_tokens: int) -> TreeNode:
+        """Cut `child`'s edge after num_head_tokens (page-aligned, > 0). A new node takes the head
+        and `child` keeps the tail, so nodes held by callers still end at the same depth."""
+        parent = child.parent
+        assert parent is not None and 0 < num_head_tokens < len(child.key)
+        head = self._new_node(parent, child.key[:num_head_tokens], child.slots[:num_head_tokens],
+                              child.created_s, child.priority)
+        head.last_access_s = child.last_access_s
+        head.hit_count = child.hit_count
+        head.lock_ref = child.lock_ref
+        parent.children[edge_key(child.key, 0, self.page_size)] = head
+        child.key = child.key[num_head_tokens:]
+        child.slots = child.slots[num_head_tokens:]
+        child.parent = head
+        head.children[edge_key(child.key, 0, self.page_size)] = child
+        self.num_nodes += 1
+        return head
+
+    def _remove_leaf(self, leaf: TreeNode) -> int:
+        parent = leaf.parent
+        assert parent is not None and leaf.is_eviction_candidate()
+        self.allocator.free(leaf.slots)
+        del parent.children[edge_key(leaf.key, 0, self.page_size)]
+        leaf.parent = None
+        leaf.evicted = True
+        self.num_nodes -= 1
+        self._evictable_tokens -= len(leaf.key)
+        self._queue.push(parent)  # queued only if now an unlocked leaf (never the root)
+        return len(leaf.key)
+
+    @staticmethod
+    def _path_to_root(node: TreeNode) -> list[TreeNode]:
+        """node, its parent, ... up to (excluding) the root."""
+        path = []
+        while node.parent is not None:
+            path.append(node)
+            node = node.parent
+        return path

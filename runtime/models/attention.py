@@ -1,0 +1,42 @@
+"""Multi-head / grouped-query attention layer (Llama, Qwen2-MoE) over the paged KV pool.
+
+Legend: T = new tokens, H = hidden, N = query heads, Hkv = KV heads, D = head dim.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from runtime.models.config import ModelConfig
+from runtime.models.layers import Linear, MergedLinear
+from runtime.models.rotary import apply_rotary
+
+if TYPE_CHECKING:
+    from runtime.models.base import StepContext
+
+
+class Attention(nn.Module):
+    """q/k/v merged into one `qkv_proj` (HF q_proj, k_proj, v_proj are its shards 0, 1, 2)."""
+
+    def __init__(self, config: ModelConfig, layer_id: int, dtype: torch.dtype, device: torch.device | str):
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.interleaved = config.rope.interleaved
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        qkv_bias = config.qkv_bias or config.attention_bias
+        self.qkv_proj = MergedLinear(config.hidden_size, [q_size, kv_size, kv_size], qkv_bias, dtype, device)
+        self.o_proj = Linear(q_size, config.hidden_size, config.attention_bias, dtype, device)
+        self.scale = self.head_dim ** -0.5
+
+    def forward(self, x: torch.Tensor, ctx: "StepContext") -> torch.Tensor:    # [T, H] -> [T, H]
+        num_tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split(self.qkv_proj.out_sizes, dim=-1)
+        q = apply_rotary(q.view(num_tokens, self.num_heads, self.head_dim), ctx.cos, ctx.sin, self.interleaved)
+        k = apply_rotary(k.view(num_tokens, self.num_kv_heads, self.head_dim), ctx.cos, ctx.sin, self.interleaved)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        out = ctx.backend.mha(self.layer_id, q, k, v, ctx.fb, ctx.pool, self.scale)   # [T, N, D]
+        return self.o_proj(out.reshape(num_tokens, -1))

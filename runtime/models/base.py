@@ -1,0 +1,176 @@
+"""The decoder-only skeleton every family shares: per-step context, pre-norm decoder layer, and the
+causal LM (embed -> layers -> norm -> lm_head at logits_indices) with HF-name weight loading.
+
+Legend: T = new tokens in the step, B = sequences, H = hidden, V = vocab.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from runtime.engine.forward_batch import ForwardBatch
+from runtime.engine.kv_pool import KVPool
+from runtime.models.attention_backend import AttentionBackend, TorchAttentionBackend
+from runtime.models.config import ModelConfig
+from runtime.models.layers import Embedding, Linear, MergedLinear, RMSNorm
+from runtime.models.moe import StackedExperts
+from runtime.models.rotary import RotaryEmbedding
+
+# HF linears merged into one of ours: (HF name fragment, our fragment, shard index)
+GATE_UP_STACKED = ((".gate_proj.", ".gate_up_proj.", 0), (".up_proj.", ".gate_up_proj.", 1))
+QKV_STACKED = ((".q_proj.", ".qkv_proj.", 0), (".k_proj.", ".qkv_proj.", 1), (".v_proj.", ".qkv_proj.", 2))
+
+_EXPERT = re.compile(r"(.*\.mlp\.experts)\.(?:(\d+)\.)?(gate_proj|up_proj|down_proj|gate_up_proj)(?:\.weight)?$")
+_LAYER = re.compile(r"model\.layers\.(\d+)\.")
+
+
+@dataclass
+class StepContext:
+    """What every layer of one forward step reads (built once per step, never stored)."""
+
+    fb: ForwardBatch
+    pool: KVPool
+    backend: AttentionBackend
+    cos: torch.Tensor   # [T, R/2]
+    sin: torch.Tensor   # [T, R/2]
+
+
+class DecoderLayer(nn.Module):
+    """x + attn(norm(x)), then + mlp(norm(x))."""
+
+    def __init__(self, self_attn: nn.Module, mlp: nn.Module, config: ModelConfig,
+                 dtype: torch.dtype, device: torch.device | str):
+        super().__init__()
+        self.self_attn, self.mlp = self_attn, mlp
+        eps, hidden = config.rms_norm_eps, config.hidden_size
+        self.input_layernorm = RMSNorm(hidden, eps, dtype, device)
+        self.post_attention_layernorm = RMSNorm(hidden, eps, dtype, device)
+
+    def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:   # [T, H] -> [T, H]
+        x = x + self.self_attn(self.input_layernorm(x), ctx)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderModel(nn.Module):
+    """HF's `model.` prefix: embed_tokens, layers, norm."""
+
+    def __init__(self, layers: list[DecoderLayer], config: ModelConfig,
+                 dtype: torch.dtype, device: torch.device | str):
+        super().__init__()
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype, device)
+        self.layers = nn.ModuleList(layers)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
+
+
+class CausalLM(nn.Module):
+    """Subclasses build one layer in `make_layer` and list HF linears merged into one of ours in
+    `stacked_params`: (HF name fragment, our fragment, shard index)."""
+
+    stacked_params: tuple[tuple[str, str, int], ...] = ()
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str):
+        super().__init__()
+        self.config, self.dtype, self.device = config, dtype, torch.device(device)
+        layers = [self.make_layer(i) for i in range(config.num_hidden_layers)]
+        self.model = DecoderModel(layers, config, dtype, device)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, False, dtype, device)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        rot_dim = config.qk_rope_head_dim if config.use_mla else config.head_dim
+        self.rotary = RotaryEmbedding(config.rope, rot_dim, config.max_position_embeddings, device)
+
+    def make_layer(self, layer_id: int) -> DecoderLayer:
+        raise NotImplementedError
+
+    # -- forward -----------------------------------------------------------------------
+    @torch.no_grad()
+    def hidden_states(self, fb: ForwardBatch, pool: KVPool) -> torch.Tensor:
+        """Final-normed hidden states of every new token [T, H]; writes this step's KV."""
+        backend = fb.attn_backend if fb.attn_backend is not None else TorchAttentionBackend()
+        cos, sin = self.rotary.cos_sin(fb.positions)
+        ctx = StepContext(fb, pool, backend, cos, sin)
+        x = self.model.embed_tokens(fb.input_ids)                # [T, H]
+        for layer in self.model.layers:
+            x = layer(x, ctx)
+        return self.model.norm(x)
+
+    @torch.no_grad()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:   # [B, H] -> [B, V] float32
+        return self.lm_head(hidden).float()
+
+    def forward(self, fb: ForwardBatch, pool: KVPool) -> torch.Tensor:
+        """Logits [B, V] (float32) of each sequence's last new token."""
+        return self.compute_logits(self.hidden_states(fb, pool)[fb.logits_indices])
+
+    # -- weights -----------------------------------------------------------------------
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy HF-named tensors in (any order, any dtype), check nothing is missing, then derive
+        load-time tensors (MLA absorption)."""
+        params = dict(self.named_parameters())
+        modules = dict(self.named_modules())
+        loaded: set[tuple[str, object]] = set()
+        for name, tensor in weights:
+            if self._skip(name):
+                continue
+            if "weight_scale_inv" in name or tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+                raise NotImplementedError(f"{name}: fp8 block-quantised checkpoints are not supported yet")
+            loaded.update(self._load_one(name, tensor, params, modules))
+        missing = sorted({name for name, _ in self._expected_loads(modules) - loaded})
+        if missing:
+            raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:5]}")
+        self.post_load()
+
+    def post_load(self) -> None:
+        """Recompute tensors derived from weights (called after any load, dummy included)."""
+        for module in self.modules():
+            if module is not self and hasattr(module, "post_load"):
+                module.post_load()
+
+    def _skip(self, name: str) -> bool:
+        layer = _LAYER.match(name)
+        return ("rotary_emb." in name
+                or (layer is not None and int(layer.group(1)) >= self.config.num_hidden_layers)
+                or (name == "lm_head.weight" and self.config.tie_word_embeddings))
+
+    def _load_one(self, name: str, tensor: torch.Tensor, params: dict, modules: dict) -> list[tuple[str, object]]:
+        expert = _EXPERT.match(name)
+        if expert is not None:
+            prefix, index, proj = expert.groups()
+            experts: StackedExperts = modules[prefix]
+            target = experts.load_hf(proj, None if index is None else int(index), tensor)
+            if index is None:   # fused tensor: every expert (and gate+up) at once
+                return [(f"{prefix}.{target}", key) for key in _expert_keys(experts, target)]
+            return [(f"{prefix}.{target}", (int(index), proj))]
+        for hf_frag, our_frag, shard in self.stacked_params:
+            if hf_frag in name:
+                ours = name.replace(hf_frag, our_frag)
+                module: MergedLinear = modules[ours.rsplit(".", 1)[0]]
+                module.shard(params[ours], shard).copy_(tensor)
+                return [(ours, shard)]
+        if name not in params:
+            raise KeyError(f"checkpoint tensor {name} has no parameter in {type(self).__name__}")
+        params[name].copy_(tensor)
+        return [(name, None)]
+
+    def _expected_loads(self, modules: dict) -> set[tuple[str, object]]:
+        expected: set[tuple[str, object]] = set()
+        for name, param in self.named_parameters():
+            owner_name, attr = name.rsplit(".", 1)
+            owner = modules[owner_name]
+            if isinstance(owner, MergedLinear):
+                expected.update((name, i) for i in range(len(owner.out_sizes)))
+            elif isinstance(owner, StackedExperts):
+                expected.update((name, key) for key in _expert_keys(owner, attr))
+            else:
+                expected.add((name, None))
+        return expected
+
+
+def _expert_keys(experts: StackedExperts, target: str) -> list[tuple[int, str]]:
+    projs = ("gate_proj", "up_proj") if target == "w13" else ("down_proj",)
+    return [(e, p) for e in range(experts.w13.shape[0]) for p in projs]

@@ -1,0 +1,87 @@
+"""Building blocks shared by the model families: uninitialised linears (weights come from a loader),
+merged linears that load HF shards, RMSNorm, the SiLU-and-mul MLP, vocab embedding and LM head.
+
+Legend: T = tokens, H = hidden, I = intermediate, V = vocab.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def _empty_param(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
+    # no init here: dummy init or a checkpoint fills it, directly on `device`
+    return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
+
+
+class Linear(nn.Module):
+    """y = x W^T (+ b). W [out, in], same layout as torch/HF, left uninitialised."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool,
+                 dtype: torch.dtype, device: torch.device | str):
+        super().__init__()
+        self.weight = _empty_param(out_features, in_features, dtype=dtype, device=device)
+        self.bias = _empty_param(out_features, dtype=dtype, device=device) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class MergedLinear(Linear):
+    """Several HF linears with the same input stacked along the output dim (e.g. q/k/v, gate/up),
+    so one GEMM computes them all. `load_shard(i, w)` copies HF linear i into its rows."""
+
+    def __init__(self, in_features: int, out_sizes: list[int], bias: bool,
+                 dtype: torch.dtype, device: torch.device | str):
+        super().__init__(in_features, sum(out_sizes), bias, dtype, device)
+        self.out_sizes = list(out_sizes)
+        self.offsets = [sum(out_sizes[:i]) for i in range(len(out_sizes))]
+
+    def shard(self, tensor: torch.Tensor, index: int) -> torch.Tensor:
+        """The rows of `tensor` (weight or bias of this layer) that belong to HF linear `index`."""
+        return tensor.narrow(0, self.offsets[index], self.out_sizes[index])
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight, normalised in float32 and cast back before the weight (as HF does)."""
+
+    def __init__(self, dim: int, eps: float, dtype: torch.dtype, device: torch.device | str):
+        super().__init__()
+        self.eps = eps
+        self.weight = _empty_param(dim, dtype=dtype, device=device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """[T, 2I] (gate | up) -> [T, I] = silu(gate) * up."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+class GatedMLP(nn.Module):
+    """down(silu(gate x) * up x); gate and up merged into `gate_up_proj` [2I, H]."""
+
+    def __init__(self, hidden: int, intermediate: int, bias: bool,
+                 dtype: torch.dtype, device: torch.device | str):
+        super().__init__()
+        self.gate_up_proj = MergedLinear(hidden, [intermediate, intermediate], bias, dtype, device)
+        self.down_proj = Linear(intermediate, hidden, bias, dtype, device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:    # [T, H] -> [T, H]
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+
+
+class Embedding(nn.Module):
+    """Token embedding table [V, H]."""
+
+    def __init__(self, vocab: int, hidden: int, dtype: torch.dtype, device: torch.device | str):
+        super().__init__()
+        self.weight = _empty_param(vocab, hidden, dtype=dtype, device=device)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:   # [T] -> [T, H]
+        return F.embedding(ids, self.weight)

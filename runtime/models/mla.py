@@ -1,0 +1,73 @@
+"""DeepSeek multi-head latent attention over a latent KV pool, in the weight-absorbed form.
+
+Legend: T = new tokens, H = hidden, N = heads, Dn = qk_nope_head_dim, R = qk_rope_head_dim,
+Dv = v_head_dim, C = kv_lora_rank, Q = q_lora_rank. The pool keeps one [c_kv | k_pe] per token;
+kv_b_proj [N * (Dn + Dv), C] is split once after loading into W_UK [N, Dn, C] and W_UV [N, Dv, C].
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from runtime.models.config import ModelConfig
+from runtime.models.layers import Linear, RMSNorm
+from runtime.models.rotary import apply_rotary, yarn_softmax_mscale
+
+if TYPE_CHECKING:
+    from runtime.models.base import StepContext
+
+_LORA_NORM_EPS = 1e-6   # HF and DeepSeek build q_a/kv_a_layernorm with the default eps
+
+
+class MLAttention(nn.Module):
+    """q (direct or through the q LoRA), the shared latent c_kv and rope key k_pe, attention in
+    latent space: score = (q_nope W_UK) . c_kv + q_pe . k_pe; out = (probs @ c_kv) W_UV."""
+
+    def __init__(self, config: ModelConfig, layer_id: int, dtype: torch.dtype, device: torch.device | str):
+        super().__init__()
+        self.layer_id = layer_id
+        hidden, n = config.hidden_size, config.num_attention_heads
+        self.num_heads, self.kv_lora_rank = n, config.kv_lora_rank
+        self.nope_dim, self.rope_dim, self.v_dim = config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim
+        self.interleaved = config.rope.interleaved
+        qk_dim = self.nope_dim + self.rope_dim
+        bias = config.attention_bias
+        if config.q_lora_rank is None:
+            self.q_proj = Linear(hidden, n * qk_dim, False, dtype, device)
+        else:
+            self.q_a_proj = Linear(hidden, config.q_lora_rank, bias, dtype, device)
+            self.q_a_layernorm = RMSNorm(config.q_lora_rank, _LORA_NORM_EPS, dtype, device)
+            self.q_b_proj = Linear(config.q_lora_rank, n * qk_dim, False, dtype, device)
+        self.kv_a_proj_with_mqa = Linear(hidden, self.kv_lora_rank + self.rope_dim, bias, dtype, device)
+        self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, _LORA_NORM_EPS, dtype, device)
+        self.kv_b_proj = Linear(self.kv_lora_rank, n * (self.nope_dim + self.v_dim), False, dtype, device)
+        self.o_proj = Linear(n * self.v_dim, hidden, bias, dtype, device)
+        self.scale = qk_dim ** -0.5 * yarn_softmax_mscale(config.rope, config.max_position_embeddings)
+        self.register_buffer("w_uk", None, persistent=False)   # [N, Dn, C]
+        self.register_buffer("w_uv", None, persistent=False)   # [N, Dv, C]
+
+    def post_load(self) -> None:
+        """Split kv_b_proj into the absorption matrices (after weights are in place)."""
+        w = self.kv_b_proj.weight.view(self.num_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
+        self.w_uk = w[:, :self.nope_dim].contiguous()
+        self.w_uv = w[:, self.nope_dim:].contiguous()
+
+    def _query(self, x: torch.Tensor) -> torch.Tensor:                  # [T, H] -> [T, N, Dn + R]
+        if hasattr(self, "q_proj"):
+            q = self.q_proj(x)
+        else:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        return q.view(x.shape[0], self.num_heads, self.nope_dim + self.rope_dim)
+
+    def forward(self, x: torch.Tensor, ctx: "StepContext") -> torch.Tensor:   # [T, H] -> [T, H]
+        q_nope, q_pe = self._query(x).split([self.nope_dim, self.rope_dim], dim=-1)
+        c_kv, k_pe = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.rope_dim], dim=-1)
+        c_kv = self.kv_a_layernorm(c_kv)                                  # [T, C]
+        q_pe = apply_rotary(q_pe, ctx.cos, ctx.sin, self.interleaved)     # [T, N, R]
+        k_pe = apply_rotary(k_pe, ctx.cos, ctx.sin, self.interleaved)     # [T, R]
+        q_latent = torch.einsum("tnd,ndc->tnc", q_nope, self.w_uk)        # [T, N, C]
+        out = ctx.backend.mla(self.layer_id, q_latent, q_pe, c_kv, k_pe, ctx.fb, ctx.pool, self.scale)
+        out = torch.einsum("tnc,nvc->tnv", out, self.w_uv)                # [T, N, Dv]
+        return self.o_proj(out.reshape(x.shape[0], -1))

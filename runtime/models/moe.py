@@ -1,0 +1,137 @@
+"""Mixture of experts: router (softmax/sigmoid, greedy or group-limited top-k), stacked experts computed
+through a swappable fused-MoE function, and shared experts (DeepSeek plain, Qwen2-MoE sigmoid-gated).
+
+Legend: T = tokens, H = hidden, I = expert intermediate, E = experts, K = experts per token, G = groups.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from kernels.fused_moe.ref import fused_moe_ref
+from runtime.models.config import ModelConfig
+from runtime.models.layers import GatedMLP, Linear, _empty_param
+
+# (hidden [T, H], w13 [E, 2I, H], w2 [E, H, I], topk_weights [T, K], topk_ids [T, K]) -> [T, H]
+MoEFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def select_experts(
+    logits: torch.Tensor,                 # [T, E] float32 router logits
+    top_k: int,
+    scoring_func: str = "softmax",        # softmax | sigmoid
+    topk_method: str = "greedy",          # greedy | group_limited_greedy | noaux_tc
+    n_group: int = 1,
+    topk_group: int = 1,
+    norm_topk_prob: bool = False,
+    routed_scaling_factor: float = 1.0,
+    correction_bias: torch.Tensor | None = None,  # [E], noaux_tc: added for the choice only
+) -> tuple[torch.Tensor, torch.Tensor]:   # topk_weights [T, K] float32, topk_ids [T, K] long
+    if scoring_func == "softmax":
+        scores = logits.softmax(dim=-1)
+    elif scoring_func == "sigmoid":
+        scores = logits.sigmoid()
+    else:
+        raise NotImplementedError(f"scoring_func {scoring_func!r}")
+    choice = scores if correction_bias is None else scores + correction_bias.float()
+    if topk_method in ("group_limited_greedy", "noaux_tc") and n_group > 1:
+        choice = _mask_to_best_groups(choice, n_group, topk_group, by_top2_sum=topk_method == "noaux_tc")
+    elif topk_method not in ("greedy", "group_limited_greedy", "noaux_tc"):
+        raise NotImplementedError(f"topk_method {topk_method!r}")
+    topk_ids = torch.topk(choice, k=top_k, dim=-1, sorted=False).indices   # [T, K]
+    topk_weights = scores.gather(1, topk_ids)                               # unbiased scores
+    if norm_topk_prob:
+        topk_weights = topk_weights / (topk_weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return topk_weights * routed_scaling_factor, topk_ids
+
+
+def _mask_to_best_groups(choice: torch.Tensor, n_group: int, topk_group: int,
+                         by_top2_sum: bool) -> torch.Tensor:
+    """Keep the experts of the topk_group best groups (group score: max, or sum of the top 2 for
+    noaux_tc); the others get -inf so top-k never picks them."""
+    num_tokens, num_experts = choice.shape
+    grouped = choice.view(num_tokens, n_group, num_experts // n_group)          # [T, G, E/G]
+    group_scores = grouped.topk(2, dim=-1).values.sum(-1) if by_top2_sum else grouped.max(-1).values
+    best = torch.topk(group_scores, k=topk_group, dim=-1, sorted=False).indices  # [T, topk_group]
+    keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
+    return grouped.masked_fill(~keep[:, :, None], float("-inf")).view(num_tokens, num_experts)
+
+
+class TopKRouter(nn.Module):
+    """Router weight [E, H] (HF `mlp.gate.weight`) plus DeepSeek-V3's e_score_correction_bias [E]
+    (kept float32). Logits are computed in float32."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str):
+        super().__init__()
+        self.config = config
+        self.weight = _empty_param(config.num_experts, config.hidden_size, dtype=dtype, device=device)
+        self.e_score_correction_bias = (
+            _empty_param(config.num_experts, dtype=torch.float32, device=device)
+            if config.topk_method == "noaux_tc" else None)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = x.float() @ self.weight.float().t()                        # [T, E]
+        cfg = self.config
+        return select_experts(
+            logits, cfg.num_experts_per_tok, cfg.scoring_func, cfg.topk_method, cfg.n_group,
+            cfg.topk_group, cfg.norm_topk_prob, cfg.routed_scaling_factor, self.e_score_correction_bias)
+
+
+class StackedExperts(nn.Module):
+    """All routed experts of a layer: w13 [E, 2I, H] (gate rows then up rows), w2 [E, H, I]."""
+
+    def __init__(self, num_experts: int, hidden: int, inter: int,
+                 dtype: torch.dtype, device: torch.device | str):
+        super().__init__()
+        self.inter = inter
+        self.w13 = _empty_param(num_experts, 2 * inter, hidden, dtype=dtype, device=device)
+        self.w2 = _empty_param(num_experts, hidden, inter, dtype=dtype, device=device)
+
+    def load_hf(self, proj: str, expert: int | None, tensor: torch.Tensor) -> str:
+        """Copy an HF expert tensor in; returns the name of the parameter it filled.
+        Per expert (expert given): gate_proj/up_proj [I, H], down_proj [H, I]. Fused (expert
+        None): gate_up_proj [E, 2I, H] or [E, H, 2I], down_proj [E, H, I] or [E, I, H]."""
+        inter = self.inter
+        if expert is not None:
+            target = {"gate_proj": self.w13[expert, :inter], "up_proj": self.w13[expert, inter:],
+                      "down_proj": self.w2[expert]}[proj]
+            target.copy_(tensor)
+            return "w13" if proj != "down_proj" else "w2"
+        target = self.w13 if proj == "gate_up_proj" else self.w2
+        if tensor.shape != target.shape and tensor.transpose(1, 2).shape == target.shape:
+            tensor = tensor.transpose(1, 2)   # stored [E, in, out]; square shapes read as [E, out, in]
+        if tensor.shape != target.shape:
+            raise ValueError(f"expert {proj} shape {tuple(tensor.shape)} != {tuple(target.shape)}")
+        target.copy_(tensor)
+        return "w13" if proj == "gate_up_proj" else "w2"
+
+
+class MoE(nn.Module):
+    """Routed experts + optional shared experts. `experts_fn` is the fused-MoE compute (torch ref by
+    default; the Triton kernel plugs in with the same signature)."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str,
+                 experts_fn: MoEFn = fused_moe_ref):
+        super().__init__()
+        hidden = config.hidden_size
+        self.gate = TopKRouter(config, dtype, device)
+        self.experts = StackedExperts(config.num_experts, hidden, config.moe_intermediate_size, dtype, device)
+        self.experts_fn = experts_fn
+        self.shared_experts = self.shared_expert = self.shared_expert_gate = None
+        if config.n_shared_experts:            # DeepSeek: added as is
+            self.shared_experts = GatedMLP(hidden, config.moe_intermediate_size * config.n_shared_experts,
+                                           config.mlp_bias, dtype, device)
+        if config.shared_expert_intermediate_size:  # Qwen2-MoE: scaled by sigmoid(gate x)
+            self.shared_expert = GatedMLP(hidden, config.shared_expert_intermediate_size, False, dtype, device)
+            self.shared_expert_gate = Linear(hidden, 1, False, dtype, device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:         # [T, H] -> [T, H]
+        topk_weights, topk_ids = self.gate(x)                    # [T, K], [T, K]
+        out = self.experts_fn(x, self.experts.w13, self.experts.w2, topk_weights, topk_ids)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x)
+        if self.shared_expert is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out
