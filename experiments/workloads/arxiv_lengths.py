@@ -8,7 +8,7 @@ from pathlib import Path
 from experiments.workloads.arrivals import check_arrival_args, gamma_arrivals_s, rng_for
 from experiments.workloads.base import check_common_args, clamp_output_len, rid_width, sorted_specs
 from experiments.workloads.paths import resolve_trace_path
-from experiments.workloads.tokens import TokenTupleBuilder, random_prompts
+from experiments.workloads.tokens import random_prompts
 from experiments.workloads.trace_io import trace_error
 from runtime.core.request import RequestSpec
 
@@ -59,7 +59,7 @@ class ArxivWorkload:
         pairs = read_length_pairs(self.path)
         picked = rng_for(self.seed, "arxiv.rows").permutation(len(pairs))[:self.num_requests].tolist()
         prompts = random_prompts(rng_for(self.seed, "arxiv.tokens"), [pairs[i][0] for i in picked],
-                                 TokenTupleBuilder(self.vocab_size))
+                                 self.vocab_size)
         arrivals_s = gamma_arrivals_s(rng_for(self.seed, "arxiv.arrivals"), len(picked), self.request_rate)
         width = rid_width(len(picked))
         return sorted_specs([

@@ -12,7 +12,7 @@ import numpy as np
 from experiments.workloads.arrivals import rng_for
 from experiments.workloads.base import check_common_args, clamp_output_len, rid_width, sorted_specs
 from experiments.workloads.paths import resolve_trace_path
-from experiments.workloads.tokens import TokenTupleBuilder, random_prompts
+from experiments.workloads.tokens import random_prompts
 from experiments.workloads.trace_io import trace_error
 from runtime.core.request import RequestSpec
 
@@ -95,7 +95,7 @@ class AzureWorkload:
         order = np.argsort(stamps_ns, kind="stable")[:self.num_requests].tolist()
         start_ns = int(stamps_ns.min()) if len(stamps_ns) else 0
         prompts = random_prompts(rng_for(self.seed, "azure.tokens"), [contexts[i] for i in order],
-                                 TokenTupleBuilder(self.vocab_size))
+                                 self.vocab_size)
         width = rid_width(len(contexts))
         return sorted_specs([
             RequestSpec(rid=f"azure-{i:0{width}d}",

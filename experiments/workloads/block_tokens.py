@@ -1,9 +1,9 @@
 """Tokens for traces that give only prefix-block hashes (Mooncake): same hash id, same tokens.
 
 Block `h` is the window pool[offset(h) : offset(h) + block_size] of one seeded random pool,
-with offset(h) = (h * ODD + seed_shift) mod pool_size, a bijection on [0, pool_size): distinct
-hash ids below pool_size get distinct windows, hence (up to chance 1/vocab per token)
-different tokens. Slicing a pool list is far faster than hashing every token.
+with offset(h) = (h * ODD + seed_shift) mod num_windows, a bijection on [0, num_windows):
+distinct hash ids get distinct windows, hence (up to chance 1/vocab per token) different
+tokens. Slicing a pool tuple is far faster than hashing every token.
 """
 from __future__ import annotations
 
@@ -12,33 +12,29 @@ from typing import Sequence
 import numpy as np
 
 from experiments.workloads.arrivals import rng_for
-from experiments.workloads.tokens import TokenTupleBuilder
-
-MIN_POOL_SIZE = 1 << 20           # hash ids below this never alias one another
-_OFFSET_MULTIPLIER = 0x9E3779B1   # odd, so h -> h * M mod 2^k is a bijection
+from experiments.workloads.tokens import POOL_WINDOWS, random_pool, window_offsets
 
 
 class BlockTokenSynthesizer:
     """Deterministic tokens per (hash id, seed, vocab_size, block_size).
 
-    pool_size = max(2^20, smallest power of two > max_hash_id), so ids in [0, max_hash_id]
-    never alias each other; while max_hash_id < 2^20 the tokens of an id do not depend on it.
+    num_windows = max(2^16, smallest power of two > max_hash_id), so ids in [0, max_hash_id]
+    never alias each other. The tokens of an id depend on num_windows, i.e. on the trace's
+    largest hash id (not on num_requests: the caller passes the whole file's maximum).
     """
 
     def __init__(self, vocab_size: int, block_size_tokens: int, seed: int, max_hash_id: int) -> None:
         if block_size_tokens < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size_tokens}")
         self.block_size_tokens = block_size_tokens
-        self.pool_size = max(MIN_POOL_SIZE, 1 << max(0, int(max_hash_id)).bit_length())
+        self.num_windows = max(POOL_WINDOWS, 1 << max(0, int(max_hash_id)).bit_length())
         rng = rng_for(seed, "block_tokens")
-        self._shift = int(rng.integers(0, self.pool_size))
-        ids = rng.integers(0, vocab_size, size=self.pool_size + block_size_tokens)
-        self._pool = TokenTupleBuilder(vocab_size).as_list(ids)  # [pool + block] Python ints
+        self._shift = int(rng.integers(0, POOL_WINDOWS))
+        self._pool = random_pool(rng, vocab_size, self.num_windows + block_size_tokens)
 
     def offsets(self, hash_ids: np.ndarray) -> np.ndarray:
-        """Pool offsets of the given (non-negative) hash ids."""
-        mask = self.pool_size - 1
-        return (hash_ids.astype(np.uint64) * np.uint64(_OFFSET_MULTIPLIER) + np.uint64(self._shift)) & np.uint64(mask)
+        """Pool offsets [N] of the given (non-negative) hash ids [N]."""
+        return window_offsets(hash_ids, self._shift, self.num_windows)
 
     def prompt(self, block_offsets: Sequence[int], num_tokens: int) -> tuple[int, ...]:
         """The tokens of a prompt made of the given blocks, the last one cut so that the

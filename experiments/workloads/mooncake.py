@@ -49,7 +49,7 @@ class MooncakeWorkload:
     * time_scale seconds. num_requests (None = all) keeps the first rows in arrival order.
 
     Block i of a prompt holds the tokens of hash_ids[i] (see BlockTokenSynthesizer: a pure
-    function of hash id, seed and vocab_size); the last block is cut to
+    function of hash id, seed, vocab_size and the file's largest hash id); the last block is cut to
     input_length - block_size * (n - 1). So two requests whose first k hash ids agree share
     exactly their first block_size * k tokens (plus, by chance, ~1/vocab_size more).
     output_length 0 becomes 1 (see clamp_output_len). A relative path is taken from the

@@ -6,20 +6,21 @@ import math
 
 from experiments.workloads.arrivals import check_arrival_args, gamma_arrivals_s, rng_for
 from experiments.workloads.base import check_common_args, rid_width, sorted_specs
-from experiments.workloads.tokens import TokenTupleBuilder, check_length_args, random_prompts, uniform_lengths
+from experiments.workloads.tokens import check_length_args, random_prompts, uniform_lengths
 from runtime.core.request import RequestSpec
 
 DEFAULT_NUM_REQUESTS = 256
 
 
 class RandomWorkload:
-    """num_requests (None = 256) requests with independent random prompts (no two share a
+    """num_requests (None = 256) requests with seeded pseudo-random prompts (no two share a
     leading token while num_requests <= vocab_size).
 
     Input and output lengths are uniform in [max(1, int(len * range_ratio)), len]
     (range_ratio 1 = fixed). Inter-arrivals ~ Gamma(shape=burstiness, mean=1/request_rate):
     burstiness 1 is Poisson, < 1 burstier (CV = 1/sqrt(burstiness)); request_rate inf puts
     all requests at t=0. Arrival times are multiplied by time_scale. rids: "rand-<index>".
+    Prefix-stable: num_requests=k gives the first k requests of any larger draw.
     """
 
     def __init__(self, *, vocab_size: int, input_len: int = 1024, output_len: int = 1024,
@@ -45,7 +46,7 @@ class RandomWorkload:
         input_lens = uniform_lengths(rng_for(self.seed, "random.input_lens"), count, self.input_len, self.range_ratio)
         output_lens = uniform_lengths(rng_for(self.seed, "random.output_lens"), count, self.output_len,
                                       self.range_ratio).tolist()
-        prompts = random_prompts(rng_for(self.seed, "random.tokens"), input_lens, TokenTupleBuilder(self.vocab_size))
+        prompts = random_prompts(rng_for(self.seed, "random.tokens"), input_lens, self.vocab_size)
         arrivals_s = gamma_arrivals_s(rng_for(self.seed, "random.arrivals"), count, self.request_rate, self.burstiness)
         width = rid_width(count)
         return sorted_specs([

@@ -8,14 +8,14 @@ import numpy as np
 
 from experiments.workloads.arrivals import check_arrival_args, gamma_arrivals_s, rng_for
 from experiments.workloads.base import check_common_args, rid_width, sorted_specs
-from experiments.workloads.tokens import TokenTupleBuilder, check_length_args, random_prompts, uniform_lengths
+from experiments.workloads.tokens import check_length_args, random_prompts, uniform_lengths
 from runtime.core.request import RequestSpec
 
 
 class SharedPrefixWorkload:
     """num_groups x prompts_per_group requests; prompt = system prompt of its group + question.
 
-    Guarantees (while prompts_per_group and num_groups <= vocab_size): two prompts of one group
+    Guarantees (while num_groups * prompts_per_group <= vocab_size): two prompts of one group
     share exactly their group's system prompt (questions start with distinct tokens); prompts
     of different groups share no leading token. Prompts are shuffled across groups, as SGLang
     does without --gsp-ordered, so a cache-aware policy has something to reorder.
@@ -54,15 +54,11 @@ class SharedPrefixWorkload:
 
     def requests(self) -> list[RequestSpec]:
         rng = rng_for(self.seed, "shared_prefix")
-        builder = TokenTupleBuilder(self.vocab_size)
-        systems = self._system_prompts(rng, builder)
         num_total = self.num_groups * self.prompts_per_group
         question_lens = uniform_lengths(rng, num_total, self.question_len, self.range_ratio)
         output_lens = uniform_lengths(rng, num_total, self.output_len, self.range_ratio).tolist()
-        questions: list[tuple[int, ...]] = []
-        for group in range(self.num_groups):  # distinct question heads within each group
-            lens = question_lens[group * self.prompts_per_group:(group + 1) * self.prompts_per_group]
-            questions += random_prompts(rng, lens, builder)
+        systems = self._system_prompts(rng)
+        questions = random_prompts(rng, question_lens, self.vocab_size)  # [group * P + question]
 
         order = rng.permutation(num_total)  # position -> (group, question) flat index
         count = num_total if self.num_requests is None else min(self.num_requests, num_total)
@@ -80,8 +76,8 @@ class SharedPrefixWorkload:
             ))
         return sorted_specs(specs)
 
-    def _system_prompts(self, rng: np.random.Generator, builder: TokenTupleBuilder) -> list[tuple[int, ...]]:
+    def _system_prompts(self, rng: np.random.Generator) -> list[tuple[int, ...]]:
         if self.system_prompt_len == 0:
             return [()] * self.num_groups
         lens = uniform_lengths(rng, self.num_groups, self.system_prompt_len, self.range_ratio)
-        return random_prompts(rng, lens, builder)
+        return random_prompts(rng, lens, self.vocab_size)

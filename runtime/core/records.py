@@ -47,6 +47,7 @@ class StepLog:
 
     def record_decode_run(self, plan: StepPlan, start_s: Sequence[float], end_s: Sequence[float],
                           kv_tokens_used: Sequence[int], num_waiting: int, num_running: int) -> None:
+        """`num_running`: after the last step (only the last step of a run can finish requests)."""
         k = len(end_s)
         c = self.columns
         c["step_id"].extend(range(plan.step_id, plan.step_id + k))
@@ -60,7 +61,7 @@ class StepLog:
         c["kv_tokens_used"].extend(kv_tokens_used)
         c["num_retractions"].extend([len(plan.retracted_rids)] + [0] * (k - 1))
         c["num_waiting"].extend([num_waiting] * k)
-        c["num_running"].extend([num_running] * k)
+        c["num_running"].extend([plan.batch_size] * (k - 1) + [num_running])   # finishes end a run
         if self.plan_signatures is not None:
             for j in range(k):
                 self.plan_signatures.append(tuple((it.request.rid, it.num_prefix_tokens + j, 1) for it in plan.items))

@@ -334,6 +334,7 @@ class Scheduler:
             for j in range(k):
                 total += new_slots_per_step[j]
                 used.append(total)
+        used[-1] = self.kv.used_tokens()          # after the last step's finishes released KV
         self.running = [r for r in self.running if not r.is_finished]
         self.new_token_ratio = max(self.new_token_ratio - (k - 1) * self.config.new_token_ratio_decay,
                                    self.config.min_new_token_ratio)

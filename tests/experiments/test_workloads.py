@@ -12,11 +12,13 @@ from omegaconf import OmegaConf
 
 from experiments.workloads.arxiv_lengths import ArxivWorkload
 from experiments.workloads.azure import AzureWorkload, read_azure_rows
+from experiments.workloads.block_tokens import BlockTokenSynthesizer
 from experiments.workloads.mooncake import MooncakeWorkload, read_mooncake_rows
 from experiments.workloads.paths import repo_root, resolve_trace_path
 from experiments.workloads.random_lengths import RandomWorkload
 from experiments.workloads.shared_prefix import SharedPrefixWorkload
 from experiments.workloads.sharegpt_multiturn import ShareGPTMultiturnWorkload
+from experiments.workloads.tokens import random_prompts
 from runtime.core.request import RequestSpec
 from tests.experiments.trace_files import (default_traces, mooncake_row, sharegpt_row, write_azure,
                                            write_jsonl)
@@ -340,3 +342,17 @@ def test_real_azure_and_sharegpt_files_load() -> None:
         assert len(stamps_ns) == num_rows and (np.diff(stamps_ns) >= 0).all()
     specs = ShareGPTMultiturnWorkload(vocab_size=102_400).requests()
     assert len(specs) == 300 and all(len(s.expected_output_ids) == s.output_len for s in specs)
+
+
+# -- token synthesis -------------------------------------------------------------------------
+def test_block_windows_are_distinct_for_every_hash_id() -> None:
+    synth = BlockTokenSynthesizer(vocab_size=VOCAB, block_size_tokens=16, seed=0, max_hash_id=200_000)
+    offsets = synth.offsets(np.arange(200_001))
+    assert len(np.unique(offsets)) == 200_001 and offsets.min() >= 0 and offsets.max() < synth.num_windows
+
+
+def test_random_prompts_beyond_the_vocabulary() -> None:
+    prompts = random_prompts(np.random.default_rng(0), [5] * 30, vocab_size=10)
+    assert len({p[0] for p in prompts[:10]}) == 10
+    assert all(len(p) == 5 and all(0 <= t < 10 for t in p) for p in prompts)
+    assert prompts[:7] == random_prompts(np.random.default_rng(0), [5] * 7, vocab_size=10)

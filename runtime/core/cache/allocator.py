@@ -12,8 +12,9 @@ class KVSlotAllocator:
     """Paged allocator over integer KV slot indices [0, num_slots). A page is page_size consecutive
     slots starting at a multiple of page_size. Capacity is floor(num_slots/page_size)*page_size.
 
-    State: a LIFO free list of page indices (pages freed last are reused first) and one byte per
-    page (1 = allocated) for double-free detection. Initially pages come out in ascending order.
+    State: a LIFO free list of page indices (pages freed last are reused first, in the order they
+    were passed to `free`) and one byte per page (1 = allocated) for double-free detection.
+    Initially pages come out in ascending order.
     With page_size == 1 a page index *is* a slot index, so allocation is one list slice.
     """
 
@@ -132,7 +133,7 @@ class KVSlotAllocator:
                     allocated[done] = 1
                 raise ValueError(f"double free of KV page {page} (slots {page * ps}..{page * ps + ps - 1})")
             allocated[page] = 0
-        self._free_pages.extend(pages)
+        self._free_pages.extend(reversed(pages))  # so they come back out in the order given
 
     def reset(self) -> None:
         """Free everything; the next allocations come out in ascending order again."""

@@ -1,0 +1,83 @@
+"""Seeded simulator runs end to end through Hydra composition: determinism, stored expected
+summaries, LPM vs FCFS on the shared-prefix workload, exactness of the decode fast-forward."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from experiments.compose import compose_config
+from sim.app import run_sim
+
+EXPECTED = Path(__file__).parent / "expected"
+QUIET = ["progress=false", "print_summary=false"]
+SMALL_SHARED_PREFIX = ["workload.num_groups=4", "workload.prompts_per_group=8", "workload.output_len=64"]
+
+
+def simulate(tmp_path: Path, name: str, overrides: list[str]) -> tuple[dict, Path]:
+    out = tmp_path / name
+    own_workload = any(o.startswith("workload=") for o in overrides)
+    summary = run_sim(compose_config(QUIET + ([] if own_workload else SMALL_SHARED_PREFIX) + overrides), out_dir=out)
+    return summary, out
+
+
+def _without_wall(summary: dict) -> dict:
+    return {k: v for k, v in summary.items() if k != "wall_time_s"}
+
+
+def test_same_seed_gives_identical_outputs(tmp_path):
+    random_load = ["workload=random", "workload.num_requests=40", "workload.request_rate=10"]
+    a, dir_a = simulate(tmp_path, "a", random_load + ["seed=3"])
+    b, dir_b = simulate(tmp_path, "b", random_load + ["seed=3"])
+    assert _without_wall(a) == _without_wall(b)
+    for name in ("requests.parquet", "steps.parquet"):
+        assert (dir_a / name).read_bytes() == (dir_b / name).read_bytes()
+    c, _ = simulate(tmp_path, "c", random_load + ["seed=4"])
+    assert _without_wall(c) != _without_wall(a)
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "lpm"])
+def test_summary_matches_stored_expectation(tmp_path, policy):
+    summary, _ = simulate(tmp_path, policy, [f"policy={policy}", "kv.capacity_tokens=20000"])
+    expected_file = EXPECTED / f"small_{policy}.json"
+    if not expected_file.exists():      # first run writes it; commit the file
+        expected_file.write_text(json.dumps(_without_wall(summary), indent=2, sort_keys=True) + "\n")
+    expected = json.loads(expected_file.read_text())
+    _assert_close(_without_wall(summary), expected)
+
+
+def _assert_close(actual, expected, path="summary"):
+    if isinstance(expected, dict):
+        assert set(actual) == set(expected), path
+        for key in expected:
+            _assert_close(actual[key], expected[key], f"{path}.{key}")
+    elif isinstance(expected, float):
+        assert actual == pytest.approx(expected, rel=1e-9, abs=1e-12), path
+    else:
+        assert actual == expected, path
+
+
+def test_lpm_beats_fcfs_on_cache_hits_and_ttft(tmp_path):
+    common = ["kv.capacity_tokens=30000"]
+    fcfs = run_sim(compose_config(["policy=fcfs", "progress=false", "print_summary=false"] + common),
+                   out_dir=tmp_path / "fcfs")
+    lpm = run_sim(compose_config(["policy=lpm", "progress=false", "print_summary=false"] + common),
+                  out_dir=tmp_path / "lpm")
+    assert lpm["cache_hit_rate"] > fcfs["cache_hit_rate"] + 0.01
+    assert lpm["ttft_s"]["mean"] < 0.8 * fcfs["ttft_s"]["mean"]
+    assert lpm["ttft_s"]["p99"] < fcfs["ttft_s"]["p99"]
+
+
+def test_fast_forward_is_exact(tmp_path):
+    overrides = ["workload=random", "workload.num_requests=60", "workload.request_rate=20",
+                 "kv.capacity_tokens=40000", "workload.input_len=512", "workload.output_len=128"]
+    on, dir_on = simulate(tmp_path, "on", overrides + ["sim.fast_forward=true"])
+    off, dir_off = simulate(tmp_path, "off", overrides + ["sim.fast_forward=false"])
+    req_on, req_off = pd.read_parquet(dir_on / "requests.parquet"), pd.read_parquet(dir_off / "requests.parquet")
+    steps_on, steps_off = pd.read_parquet(dir_on / "steps.parquet"), pd.read_parquet(dir_off / "steps.parquet")
+    assert len(steps_on) == len(steps_off) and on["num_steps"] == off["num_steps"]
+    pd.testing.assert_frame_equal(steps_on.drop(columns=["start_s", "end_s"]), steps_off.drop(columns=["start_s", "end_s"]))
+    pd.testing.assert_series_equal(steps_on["end_s"], steps_off["end_s"], rtol=1e-9)
+    pd.testing.assert_frame_equal(req_on.drop(columns=["token_times_s"]), req_off.drop(columns=["token_times_s"]), rtol=1e-9)
