@@ -72,7 +72,7 @@ class SimDriver:
             next_arrival = specs[next_idx].arrival_s if next_idx < len(specs) else None
             num_steps = 1
             if self.fast_forward and plan.mode is ForwardMode.DECODE:
-                num_steps = sched.decode_run_bound(plan, self.max_run_steps)
+                num_steps = sched.decode_run_bound(plan, self.max_run_steps, env.now)
             if num_steps > 1:
                 yield from self._decode_run(env, plan, num_steps, next_arrival, steps)
             else:

@@ -41,9 +41,11 @@ class PrefillBudget:
         extend = req.num_fill_tokens - req.num_computed_tokens
         return extend, min(req.max_new_tokens_left, self.clip)
 
-    def fits(self, req: Request) -> bool:
+    def fits(self, req: Request, newly_protected_tokens: int = 0) -> bool:
+        """Whether admitting `req` (its prefix not yet pinned; pinning would take
+        `newly_protected_tokens` out of the evictable pool) keeps within the budget."""
         extend, reserve = self._cost(req)
-        return extend + reserve <= self.rem_total_tokens()
+        return extend + reserve <= self.rem_total_tokens() - newly_protected_tokens
 
     # -- taking ----------------------------------------------------------------------------
     def take_chunk(self, req: Request) -> int:

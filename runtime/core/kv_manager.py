@@ -41,6 +41,16 @@ class KVManager:
         req.prefix_match_len = result.length
         return result
 
+    @staticmethod
+    def newly_protected_tokens(match: MatchResult) -> int:
+        """Evictable tokens that locking `match.node` would pin (its unlocked ancestors)."""
+        node, total = match.node, 0
+        while node.parent is not None:
+            if node.lock_ref == 0:
+                total += len(node.key)
+            node = node.parent
+        return total
+
     def lock_prefix(self, req: Request, match: MatchResult, now: float) -> None:
         """Pin the matched prefix for a request that owns no KV yet."""
         assert not req.kv_slots and req.cache_node is None, f"{req.rid} already owns KV"
@@ -78,6 +88,17 @@ class KVManager:
         slots = self.allocator.allocate(start, num_tokens, last_slot)
         req.kv_slots.extend(slots)
         return slots
+
+    def allocate_decode(self, reqs: list[Request], now: float) -> list[list[int]]:
+        """One slot for each request's next position (one allocator call when page_size == 1)."""
+        if self.page_size > 1:
+            return [self.allocate(r, 1, now) for r in reqs]
+        if not self.ensure_free_pages(len(reqs), now):
+            raise MemoryError(f"KV pool exhausted allocating a decode step of {len(reqs)} requests")
+        slots = self.allocator.allocate(0, len(reqs), None)
+        for req, slot in zip(reqs, slots):
+            req.kv_slots.append(slot)
+        return [[slot] for slot in slots]
 
     # -- caching and release ----------------------------------------------------------
     def _aligned(self, num_tokens: int) -> int:

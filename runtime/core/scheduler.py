@@ -9,6 +9,8 @@ from __future__ import annotations
 import bisect
 import dataclasses
 
+import numpy as np
+
 from runtime.core.admission import PrefillBudget
 from runtime.core.batch import ForwardMode, ScheduledItem, StepPlan, StepResult
 from runtime.core.cache.radix_cache import MatchResult
@@ -126,10 +128,12 @@ class Scheduler:
             if not budget.can_admit_more():
                 break
             m = matches.get(req) or match(req)
+            alone = not self.running and not admitted
+            if not alone and not self._fits(req, m, budget):
+                if not (self._preempt_for(req, budget, now, need_slot=False) and self._fits(req, m, budget)):
+                    break                           # checked before pinning: a miss changes no cache stats
             self.kv.lock_prefix(req, m, now)
             take = budget.take_new(req, nothing_else_runs=not self.running and not admitted)
-            if take <= 0 and self._preempt_for(req, budget, now, need_slot=False):
-                take = budget.take_new(req, nothing_else_runs=not self.running and not admitted)
             if take <= 0:
                 self.kv.unlock_prefix(req, now)
                 break
@@ -144,6 +148,13 @@ class Scheduler:
             chosen = {r for r, _ in admitted}
             self.waiting = [r for r in self.waiting if r not in chosen]
         return num_cache_hit_tokens
+
+    def _fits(self, req: Request, match: MatchResult, budget: PrefillBudget) -> bool:
+        """Would `req` fit with its cached prefix `match`? (`req` owns no KV yet.)"""
+        computed, req.num_computed_tokens = req.num_computed_tokens, match.length
+        fits = budget.fits(req, self.kv.newly_protected_tokens(match))
+        req.num_computed_tokens = computed
+        return fits
 
     def _allocate_prefill(self, admitted: list[tuple[Request, int]], now: float) -> list[ScheduledItem]:
         items: list[ScheduledItem] = []
@@ -173,12 +184,9 @@ class Scheduler:
         return StepPlan(self.step_id, ForwardMode.DECODE, items, 0, retracted)
 
     def _decode_items(self, now: float) -> list[ScheduledItem]:
-        items = []
-        for req in self.running:
-            start = req.num_computed_tokens
-            slots = self.kv.allocate(req, 1, now)
-            items.append(ScheduledItem(req, start, 1, slots, is_decode=True, samples=True))
-        return items
+        slots = self.kv.allocate_decode(self.running, now)
+        return [ScheduledItem(req, req.num_computed_tokens, 1, s, is_decode=True, samples=True)
+                for req, s in zip(self.running, slots)]
 
     # -- memory pressure -----------------------------------------------------------------
     def _decode_pages(self, reqs: list[Request]) -> int:
@@ -270,14 +278,14 @@ class Scheduler:
         self.step_id += 1
 
     # -- decode runs (the simulator's fast-forward) ----------------------------------------------
-    def decode_run_bound(self, plan: StepPlan, max_steps: int) -> int:
+    def decode_run_bound(self, plan: StepPlan, max_steps: int, now: float) -> int:
         """How many consecutive decode steps, starting with `plan`, provably make the same
         decisions as `plan` when nothing arrives: no request can be admitted, none finishes
         before the last of them, none can hit a stop token, and the KV pool has enough free
         slots (no eviction, no retraction). Always >= 1."""
         if plan.mode is not ForwardMode.DECODE or max_steps <= 1 or self.chunked is not None:
             return 1
-        if self._abort_rids or (self.waiting and len(self.running) < self.config.max_running_requests):
+        if self._abort_rids or self.config.enable_mixed_chunk:
             return 1
         k = max_steps
         for req in self.running:
@@ -287,6 +295,10 @@ class Scheduler:
         if k <= 1:
             return 1
         free_pages = self.kv.allocator.num_free_slots // self.kv.page_size
+        if self.waiting and len(self.running) < self.config.max_running_requests:
+            k = min(k, self._steps_until_admission(k, now))
+        if k <= 1:
+            return 1
         if self.kv.page_size == 1:
             return max(1, min(k, free_pages // len(self.running) + 1))
         lo, hi = 1, k                              # largest k whose pages fit (monotone in k)
@@ -297,6 +309,33 @@ class Scheduler:
             else:
                 hi = mid - 1
         return lo
+
+    def _steps_until_admission(self, max_steps: int, now: float) -> int:
+        """With requests waiting but blocked by memory: the first later step j (1 <= j < max_steps)
+        at whose schedule() the policy's first candidate would fit, replaying the admission
+        arithmetic of those steps exactly (KV use grows, the reservation ratio decays, the running
+        requests' remaining tokens shrink). Returns max_steps if none. 1 (no run) when the check
+        cannot be replayed: a stateful policy, preemption, or pages larger than one token."""
+        if (self.kv.page_size != 1 or self.policy.preemption_threshold is not None
+                or not getattr(self.policy, "stateless_order", False)):
+            return 1
+        order = self.policy.order(self.waiting, self.kv.match, now)
+        if not order:
+            return max_steps
+        first = order[0]
+        match = self.kv.match(first)
+        cost = (first.num_fill_tokens - match.length) + min(first.max_new_tokens_left, self.config.clip_max_new_tokens)
+        steps = np.arange(1, max_steps)                                              # [k-1]
+        left = np.array([r.max_new_tokens_left for r in self.running])               # [n]
+        reserved_tokens = np.minimum(left[None, :] - steps[:, None], self.config.clip_max_new_tokens).sum(axis=1)
+        ratio = np.subtract.accumulate(np.concatenate(([self.new_token_ratio], np.full(max_steps - 2, self.config.new_token_ratio_decay))))
+        ratio = np.maximum(ratio, self.config.min_new_token_ratio)                   # sequential decay, as stepping
+        available = (self.kv.allocator.num_free_slots - len(self.running) * (steps - 1)
+                     + self.kv.cache.evictable_size())
+        rem_total = available - reserved_tokens * ratio - 0
+        fits = cost <= rem_total - self.kv.newly_protected_tokens(match)
+        hits = np.flatnonzero(fits)
+        return int(steps[hits[0]]) if hits.size else max_steps
 
     def _run_pages(self, num_steps: int) -> int:
         """Pages the running requests need for steps 2..num_steps of a decode run."""
@@ -336,8 +375,9 @@ class Scheduler:
                 used.append(total)
         used[-1] = self.kv.used_tokens()          # after the last step's finishes released KV
         self.running = [r for r in self.running if not r.is_finished]
-        self.new_token_ratio = max(self.new_token_ratio - (k - 1) * self.config.new_token_ratio_decay,
-                                   self.config.min_new_token_ratio)
+        for _ in range(k - 1):                       # sequentially, to round exactly as stepping does
+            self.new_token_ratio = max(self.new_token_ratio - self.config.new_token_ratio_decay,
+                                       self.config.min_new_token_ratio)
         self.step_id += k
         return used
 

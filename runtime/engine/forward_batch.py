@@ -30,7 +30,7 @@ class ForwardBatch:
     extend_lens: torch.Tensor     # [B] long, new tokens (decode = 1)
     qo_indptr: torch.Tensor       # [B + 1] int32, CSR offsets of each sequence's rows in T
     kv_indptr: torch.Tensor       # [B + 1] int32, CSR offsets into kv_indices
-    kv_indices: torch.Tensor      # [K] long, slots of every token of every sequence
+    kv_indices: torch.Tensor      # [K] int32, slots of every token of every sequence (FlashInfer's dtype)
     logits_indices: torch.Tensor  # [B] long, row in T of each sequence's last new token
     is_decode: torch.Tensor       # [B] bool, one new token appended after a non-empty prefix
     seq_lens_cpu: list[int]
@@ -92,7 +92,7 @@ class ForwardBatch:
             extend_lens=long(extend_lens),
             qo_indptr=torch.tensor(qo_indptr, dtype=torch.int32, device=device),
             kv_indptr=torch.tensor(_cumsum0(seq_lens), dtype=torch.int32, device=device),
-            kv_indices=long(kv_indices),
+            kv_indices=torch.tensor(kv_indices, dtype=torch.int32, device=device),
             logits_indices=long([end - 1 for end in qo_indptr[1:]]),
             is_decode=torch.tensor(list(is_decode), dtype=torch.bool, device=device),
             seq_lens_cpu=seq_lens,

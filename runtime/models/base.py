@@ -150,11 +150,11 @@ class CausalLM(nn.Module):
             if hf_frag in name:
                 ours = name.replace(hf_frag, our_frag)
                 module: MergedLinear = modules[ours.rsplit(".", 1)[0]]
-                module.shard(params[ours], shard).copy_(tensor)
+                _copy(module.shard(params[ours], shard), tensor, name)
                 return [(ours, shard)]
         if name not in params:
             raise KeyError(f"checkpoint tensor {name} has no parameter in {type(self).__name__}")
-        params[name].copy_(tensor)
+        _copy(params[name], tensor, name)
         return [(name, None)]
 
     def _expected_loads(self, modules: dict) -> set[tuple[str, object]]:
@@ -169,6 +169,12 @@ class CausalLM(nn.Module):
             else:
                 expected.add((name, None))
         return expected
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor, name: str) -> None:
+    if dst.shape != src.shape:
+        raise ValueError(f"{name}: checkpoint shape {tuple(src.shape)} != ours {tuple(dst.shape)}")
+    dst.copy_(src)
 
 
 def _expert_keys(experts: StackedExperts, target: str) -> list[tuple[int, str]]:

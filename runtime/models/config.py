@@ -131,6 +131,7 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> "ModelConfig":
         model_type = _model_type(hf)
+        # a null field takes the HF default, except q_lora_rank where null means "no q LoRA"
         cfg = {**_DEFAULTS[model_type], **{k: v for k, v in hf.items() if v is not None or k == "q_lora_rank"}}
         heads = cfg["num_attention_heads"]
         family = FAMILIES[model_type]

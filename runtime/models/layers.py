@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def _empty_param(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
+def empty_param(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
     # no init here: dummy init or a checkpoint fills it, directly on `device`
     return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
 
@@ -21,8 +21,8 @@ class Linear(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool,
                  dtype: torch.dtype, device: torch.device | str):
         super().__init__()
-        self.weight = _empty_param(out_features, in_features, dtype=dtype, device=device)
-        self.bias = _empty_param(out_features, dtype=dtype, device=device) if bias else None
+        self.weight = empty_param(out_features, in_features, dtype=dtype, device=device)
+        self.bias = empty_param(out_features, dtype=dtype, device=device) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
@@ -49,7 +49,7 @@ class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float, dtype: torch.dtype, device: torch.device | str):
         super().__init__()
         self.eps = eps
-        self.weight = _empty_param(dim, dtype=dtype, device=device)
+        self.weight = empty_param(dim, dtype=dtype, device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
@@ -81,7 +81,7 @@ class Embedding(nn.Module):
 
     def __init__(self, vocab: int, hidden: int, dtype: torch.dtype, device: torch.device | str):
         super().__init__()
-        self.weight = _empty_param(vocab, hidden, dtype=dtype, device=device)
+        self.weight = empty_param(vocab, hidden, dtype=dtype, device=device)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:   # [T] -> [T, H]
         return F.embedding(ids, self.weight)

@@ -12,7 +12,7 @@ from torch import nn
 
 from kernels.fused_moe.ref import fused_moe_ref
 from runtime.models.config import ModelConfig
-from runtime.models.layers import GatedMLP, Linear, _empty_param
+from runtime.models.layers import GatedMLP, Linear, empty_param
 
 # (hidden [T, H], w13 [E, 2I, H], w2 [E, H, I], topk_weights [T, K], topk_ids [T, K]) -> [T, H]
 MoEFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -29,6 +29,8 @@ def select_experts(
     routed_scaling_factor: float = 1.0,
     correction_bias: torch.Tensor | None = None,  # [E], noaux_tc: added for the choice only
 ) -> tuple[torch.Tensor, torch.Tensor]:   # topk_weights [T, K] float32, topk_ids [T, K] long
+    """Top-k experts per token as DeepSeek-V2/V3 and Qwen2-MoE route: choose on (biased) scores,
+    optionally only inside the best groups; weight by the unbiased scores, renormalised and scaled."""
     if scoring_func == "softmax":
         scores = logits.softmax(dim=-1)
     elif scoring_func == "sigmoid":
@@ -66,9 +68,9 @@ class TopKRouter(nn.Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str):
         super().__init__()
         self.config = config
-        self.weight = _empty_param(config.num_experts, config.hidden_size, dtype=dtype, device=device)
+        self.weight = empty_param(config.num_experts, config.hidden_size, dtype=dtype, device=device)
         self.e_score_correction_bias = (
-            _empty_param(config.num_experts, dtype=torch.float32, device=device)
+            empty_param(config.num_experts, dtype=torch.float32, device=device)
             if config.topk_method == "noaux_tc" else None)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,17 +88,23 @@ class StackedExperts(nn.Module):
                  dtype: torch.dtype, device: torch.device | str):
         super().__init__()
         self.inter = inter
-        self.w13 = _empty_param(num_experts, 2 * inter, hidden, dtype=dtype, device=device)
-        self.w2 = _empty_param(num_experts, hidden, inter, dtype=dtype, device=device)
+        self.w13 = empty_param(num_experts, 2 * inter, hidden, dtype=dtype, device=device)
+        self.w2 = empty_param(num_experts, hidden, inter, dtype=dtype, device=device)
 
     def load_hf(self, proj: str, expert: int | None, tensor: torch.Tensor) -> str:
         """Copy an HF expert tensor in; returns the name of the parameter it filled.
         Per expert (expert given): gate_proj/up_proj [I, H], down_proj [H, I]. Fused (expert
         None): gate_up_proj [E, 2I, H] or [E, H, 2I], down_proj [E, H, I] or [E, I, H]."""
         inter = self.inter
+        per_expert = expert is not None and proj in ("gate_proj", "up_proj", "down_proj")
+        fused = expert is None and proj in ("gate_up_proj", "down_proj")
+        if not (per_expert or fused):
+            raise ValueError(f"unsupported expert tensor form: {proj} (expert {expert})")
         if expert is not None:
             target = {"gate_proj": self.w13[expert, :inter], "up_proj": self.w13[expert, inter:],
                       "down_proj": self.w2[expert]}[proj]
+            if tensor.shape != target.shape:
+                raise ValueError(f"expert {expert} {proj} shape {tuple(tensor.shape)} != {tuple(target.shape)}")
             target.copy_(tensor)
             return "w13" if proj != "down_proj" else "w2"
         target = self.w13 if proj == "gate_up_proj" else self.w2
@@ -135,3 +143,12 @@ class MoE(nn.Module):
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out
+
+
+def set_experts_fn(model: nn.Module, experts_fn: MoEFn) -> int:
+    """Route every MoE layer of `model` through `experts_fn` (e.g. the Triton fused MoE); returns
+    how many layers were switched."""
+    layers = [m for m in model.modules() if isinstance(m, MoE)]
+    for layer in layers:
+        layer.experts_fn = experts_fn
+    return len(layers)

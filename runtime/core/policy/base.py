@@ -19,10 +19,13 @@ class SchedulePolicy(Protocol):
     calling `match(req)` stores the cached-prefix length in `req.prefix_match_len` (cache-aware
     policies call it; the scheduler reuses the matches made in the same step).
 
+    `stateless_order`: calling `order` twice on the same queue and cache gives the same result
+    and changes nothing (lets the simulator fast-forward while requests wait).
     `preemption_threshold`: None, or the priority gap at which a waiting request may retract a
     running one (only the priority policy sets it)."""
 
     preemption_threshold: int | None
+    stateless_order: bool   # True: order() has no side effects (the simulator may replay it)
 
     def order(self, waiting: list[Request], match: MatchFn, now: float) -> list[Request]:
         ...

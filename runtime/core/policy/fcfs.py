@@ -10,6 +10,7 @@ from runtime.core.request import Request
 
 class FCFSPolicy:
     preemption_threshold: int | None = None
+    stateless_order = True    # same queue and cache -> same order (no hidden state)
 
     def order(self, waiting: list[Request], match: MatchFn, now: float) -> list[Request]:
         return by_arrival(waiting)

@@ -10,6 +10,7 @@ from runtime.core.request import Request
 
 class LOFPolicy:
     preemption_threshold: int | None = None
+    stateless_order = True    # same queue and cache -> same order (no hidden state)
 
     def order(self, waiting: list[Request], match: MatchFn, now: float) -> list[Request]:
         return sorted(by_arrival(waiting), key=lambda r: -r.sampling.max_new_tokens)

@@ -12,6 +12,7 @@ from runtime.core.request import Request
 
 class LPMPolicy:
     preemption_threshold: int | None = None
+    stateless_order = True    # same queue and cache -> same order (no hidden state)
 
     def __init__(self, max_queue_for_matching: int = 128, in_batch_prefix_threshold_tokens: int = 32) -> None:
         self.max_queue_for_matching = max_queue_for_matching

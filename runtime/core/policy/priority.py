@@ -11,6 +11,7 @@ from runtime.core.request import Request
 
 
 class PriorityPolicy:
+    stateless_order = True    # same queue and cache -> same order (no hidden state)
     def __init__(self, preemption_threshold: int | None = 10, low_value_first: bool = False) -> None:
         self.preemption_threshold = preemption_threshold
         self.low_value_first = low_value_first

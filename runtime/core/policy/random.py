@@ -12,6 +12,7 @@ from runtime.core.request import Request
 
 class RandomPolicy:
     preemption_threshold: int | None = None
+    stateless_order = False   # its generator advances on every call
 
     def __init__(self, seed: int = 0) -> None:
         self.rng = _random.Random(seed)
