@@ -3,6 +3,7 @@ schedule -> execute on the GPU/CPU -> commit -> record. The only runtime code th
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -22,25 +23,32 @@ class RealOutcome:
     elapsed_s: float
 
 
+def all_at_once(specs: Sequence[RequestSpec]) -> list[RequestSpec]:
+    """The same requests, all arriving at t=0 (offline throughput runs)."""
+    return [dataclasses.replace(s, arrival_s=0.0) for s in specs]
+
+
 class RealDriver:
     """`as_fast_as_possible`: every request arrives at t=0 (offline throughput), else each is
     added once the wall clock passes its `arrival_s` (measured from the start of the run)."""
 
     def __init__(self, scheduler: Scheduler, execute: Callable[[StepPlan], StepResult],
-                 as_fast_as_possible: bool = False, progress: bool = True,
+                 as_fast_as_possible: bool = False, progress: bool = True, record_plans: bool = False,
                  clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] = time.sleep) -> None:
         self.scheduler = scheduler
         self.execute = execute
         self.as_fast_as_possible = as_fast_as_possible
         self.progress = progress
+        self.record_plans = record_plans   # keep every plan's signature (parity checks)
         self.clock, self.sleep = clock, sleep
 
     def run(self, specs: Sequence[RequestSpec]) -> RealOutcome:
         specs = sorted(specs, key=lambda s: (s.arrival_s, s.rid))
         if self.as_fast_as_possible:
-            specs = [RequestSpec(s.rid, 0.0, s.input_ids, s.output_len, s.priority, s.expected_output_ids,
-                                 s.sampling) for s in specs]
+            specs = all_at_once(specs)
         sched, steps, done = self.scheduler, StepLog(), []
+        if self.record_plans:
+            steps.plan_signatures = []
         origin = self.clock()
         now = lambda: self.clock() - origin                   # noqa: E731
         next_idx = 0

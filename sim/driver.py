@@ -31,16 +31,19 @@ class SimDriver:
     (Scheduler.decode_run_bound) into one event; the records are the same as stepping one by one."""
 
     def __init__(self, scheduler: Scheduler, executor: SimExecutor, fast_forward: bool = True,
-                 max_run_steps: int = 1024, progress: bool = True) -> None:
+                 max_run_steps: int = 1024, progress: bool = True, record_plans: bool = False) -> None:
         self.scheduler = scheduler
         self.executor = executor
         self.fast_forward = fast_forward
         self.max_run_steps = max_run_steps
         self.progress = progress
+        self.record_plans = record_plans   # keep every plan's signature (parity checks)
 
     def run(self, specs: Sequence[RequestSpec]) -> SimOutcome:
         env = simpy.Environment()
         steps = StepLog()
+        if self.record_plans:
+            steps.plan_signatures = []
         done: list[Request] = []
         env.process(self._engine(env, list(specs), steps, done))
         env.run()

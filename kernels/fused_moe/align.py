@@ -1,0 +1,166 @@
+"""Group routed tokens by expert in BM-row blocks for the grouped MoE GEMM (SGLang's moe_align_block_size).
+
+Legend: M = tokens, K = top-k, E = experts, BM = block size (rows of one GEMM tile), P = align programs,
+EM = capacity of sorted_token_ids (a bound the host knows, so nothing here waits for the device).
+
+Contract, identical for both versions (bit for bit):
+  sorted_token_ids [EM] int32  flat indices t*K+k grouped by expert in ascending expert order, stable
+                               within an expert; each group padded with the sentinel M*K to a multiple of
+                               BM; the unused tail is all sentinel.
+  expert_ids [EM/BM] int32     the expert of every block; -1 for blocks past num_tokens_post_padded.
+  num_tokens_post_padded [1]   int32, the used length of sorted_token_ids (a multiple of BM).
+  Experts without tokens get no block.
+
+Versions:
+  v1 moe_align_block_size_torch: argsort + searchsorted, about ten small torch launches; the oracle.
+  v2 moe_align_block_size: three Triton launches -- per-chunk expert histograms (and the sentinel
+     fill), one program for the prefix sums and expert_ids, per-chunk stable scatter. Fewer launches
+     matter at decode sizes, where the whole MoE layer takes tens of microseconds.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+SUB_ROWS = 64         # flat slots one align program handles per loop step
+MAX_PROGRAMS = 64     # chunk programs in v2; the prefix program holds a [P, E] tile
+FILL_BLOCK = 1024     # sentinel stores per loop step
+BLOCKS_PER_STEP = 64  # expert_ids written per loop step
+
+
+class AlignedRouting(NamedTuple):
+    sorted_token_ids: torch.Tensor        # [EM] int32
+    expert_ids: torch.Tensor              # [EM / BM] int32
+    num_tokens_post_padded: torch.Tensor  # [1] int32
+
+
+def padded_capacity(num_slots: int, block_size: int, num_experts: int) -> int:
+    """EM: at most min(E, M*K) experts hold tokens and each pads by at most BM-1; rounded up to BM."""
+    bound = num_slots + min(num_experts, num_slots) * (block_size - 1)
+    return triton.cdiv(bound, block_size) * block_size
+
+
+def moe_align_block_size_torch(topk_ids: torch.Tensor, block_size: int, num_experts: int) -> AlignedRouting:
+    """v1: the torch oracle (no host sync)."""
+    device = topk_ids.device
+    num_slots = topk_ids.numel()
+    capacity = padded_capacity(num_slots, block_size, num_experts)
+    flat = topk_ids.reshape(-1).long()                                   # [M*K]
+    order = torch.argsort(flat, stable=True)                             # [M*K] slots grouped by expert
+    sorted_experts = flat[order]
+    experts = torch.arange(num_experts, device=device)
+    ends = torch.searchsorted(sorted_experts, experts, right=True)      # [E] inclusive prefix of counts
+    counts = torch.diff(ends, prepend=ends.new_zeros(1))
+    padded = (counts + block_size - 1) // block_size * block_size
+    padded_ends = padded.cumsum(0)                                       # [E]
+    rank = torch.arange(num_slots, device=device) - (ends - counts)[sorted_experts]
+    dest = (padded_ends - padded)[sorted_experts] + rank                 # [M*K] position of each slot
+    sorted_ids = torch.full((capacity,), num_slots, dtype=torch.int32, device=device)
+    sorted_ids.scatter_(0, dest, order.to(torch.int32))
+    block_starts = torch.arange(capacity // block_size, device=device) * block_size
+    total = padded_ends[-1]
+    expert_ids = torch.searchsorted(padded_ends, block_starts, right=True)  # first expert ending past the block
+    expert_ids = torch.where(block_starts < total, expert_ids, -1).to(torch.int32)
+    return AlignedRouting(sorted_ids, expert_ids, total.reshape(1).to(torch.int32))
+
+
+@triton.jit
+def _align_count_kernel(
+    topk_ids_ptr, partial_ptr, sorted_ptr,
+    num_slots, capacity, chunk_len, fill_len,
+    E_POW2: tl.constexpr, SUB: tl.constexpr, FILL: tl.constexpr,
+):
+    """Program p: histogram of its chunk of slots -> partial[p, :]; sentinel-fill its slice of sorted."""
+    pid = tl.program_id(0)
+    experts = tl.arange(0, E_POW2)
+    counts = tl.zeros([E_POW2], dtype=tl.int32)
+    for step in range(0, chunk_len, SUB):
+        offs = pid * chunk_len + step + tl.arange(0, SUB)
+        ids = tl.load(topk_ids_ptr + offs, mask=offs < num_slots, other=-1).to(tl.int32)
+        counts += tl.sum((ids[:, None] == experts[None, :]).to(tl.int32), axis=0)   # [SUB, E] -> [E]
+    tl.store(partial_ptr + pid * E_POW2 + experts, counts)
+    sentinel = tl.full([FILL], 0, dtype=tl.int32) + num_slots
+    for step in range(0, fill_len, FILL):
+        offs = pid * fill_len + step + tl.arange(0, FILL)
+        tl.store(sorted_ptr + offs, sentinel, mask=offs < capacity)
+
+
+@triton.jit
+def _align_prefix_kernel(
+    partial_ptr, base_ptr, expert_ids_ptr, num_post_ptr,
+    num_programs, num_blocks,
+    BLOCK_SIZE_M: tl.constexpr, E_POW2: tl.constexpr, P_POW2: tl.constexpr, BLOCKS: tl.constexpr,
+):
+    """One program: padded expert offsets, base[p, e] = first slot of expert e for chunk p, expert_ids."""
+    rows = tl.arange(0, P_POW2)
+    experts = tl.arange(0, E_POW2)
+    tile_offs = rows[:, None] * E_POW2 + experts[None, :]
+    row_mask = rows[:, None] < num_programs
+    partial = tl.load(partial_ptr + tile_offs, mask=row_mask, other=0)          # [P, E]
+    counts = tl.sum(partial, axis=0)                                             # [E]
+    padded = (counts + BLOCK_SIZE_M - 1) // BLOCK_SIZE_M * BLOCK_SIZE_M
+    padded_ends = tl.cumsum(padded, axis=0)                                      # [E]
+    before = tl.cumsum(partial, axis=0) - partial                                # [P, E] earlier chunks
+    tl.store(base_ptr + tile_offs, (padded_ends - padded)[None, :] + before, mask=row_mask)
+    total = tl.sum(padded, axis=0)
+    tl.store(num_post_ptr, total)
+    for step in range(0, num_blocks, BLOCKS):
+        blocks = step + tl.arange(0, BLOCKS)
+        starts = blocks * BLOCK_SIZE_M
+        expert = tl.sum((padded_ends[None, :] <= starts[:, None]).to(tl.int32), axis=1)  # [BLOCKS]
+        expert = tl.where(starts < total, expert, -1)
+        tl.store(expert_ids_ptr + blocks, expert, mask=blocks < num_blocks)
+
+
+@triton.jit
+def _align_scatter_kernel(
+    topk_ids_ptr, base_ptr, sorted_ptr,
+    num_slots, chunk_len,
+    E_POW2: tl.constexpr, SUB: tl.constexpr,
+):
+    """Program p: write each slot of its chunk at base[p, e] + (its rank among earlier slots of e)."""
+    pid = tl.program_id(0)
+    experts = tl.arange(0, E_POW2)
+    running = tl.load(base_ptr + pid * E_POW2 + experts)                         # [E] next free position
+    for step in range(0, chunk_len, SUB):
+        offs = pid * chunk_len + step + tl.arange(0, SUB)
+        valid = offs < num_slots
+        ids = tl.load(topk_ids_ptr + offs, mask=valid, other=-1).to(tl.int32)
+        onehot = (ids[:, None] == experts[None, :]).to(tl.int32)                # [SUB, E]
+        rank = tl.cumsum(onehot, axis=0) - 1                                     # [SUB, E] stable rank
+        pos = tl.sum(onehot * (running[None, :] + rank), axis=1)                # [SUB]
+        tl.store(sorted_ptr + pos, offs, mask=valid)
+        running += tl.sum(onehot, axis=0)
+
+
+def moe_align_block_size(topk_ids: torch.Tensor, block_size: int, num_experts: int) -> AlignedRouting:
+    """v2: three Triton launches, no host sync; same output as moe_align_block_size_torch."""
+    device = topk_ids.device
+    flat = topk_ids.reshape(-1)                                                  # [M*K]
+    num_slots = flat.numel()
+    capacity = padded_capacity(num_slots, block_size, num_experts)
+    num_blocks = capacity // block_size
+    sorted_ids = torch.empty(capacity, dtype=torch.int32, device=device)
+    expert_ids = torch.empty(num_blocks, dtype=torch.int32, device=device)
+    num_post = torch.zeros(1, dtype=torch.int32, device=device)
+    if num_slots == 0:
+        return AlignedRouting(sorted_ids, expert_ids, num_post)
+    e_pow2 = triton.next_power_of_2(num_experts)
+    chunk_len = triton.cdiv(triton.cdiv(num_slots, MAX_PROGRAMS), SUB_ROWS) * SUB_ROWS
+    num_programs = triton.cdiv(num_slots, chunk_len)
+    fill_len = triton.cdiv(triton.cdiv(capacity, num_programs), FILL_BLOCK) * FILL_BLOCK
+    partial = torch.empty(num_programs, e_pow2, dtype=torch.int32, device=device)  # [P, E] counts
+    base = torch.empty_like(partial)                                                # [P, E] first slots
+    _align_count_kernel[(num_programs,)](
+        flat, partial, sorted_ids, num_slots, capacity, chunk_len, fill_len,
+        E_POW2=e_pow2, SUB=SUB_ROWS, FILL=FILL_BLOCK, num_warps=4)
+    _align_prefix_kernel[(1,)](
+        partial, base, expert_ids, num_post, num_programs, num_blocks,
+        BLOCK_SIZE_M=block_size, E_POW2=e_pow2, P_POW2=triton.next_power_of_2(num_programs),
+        BLOCKS=BLOCKS_PER_STEP, num_warps=8)
+    _align_scatter_kernel[(num_programs,)](
+        flat, base, sorted_ids, num_slots, chunk_len, E_POW2=e_pow2, SUB=SUB_ROWS, num_warps=4)
+    return AlignedRouting(sorted_ids, expert_ids, num_post)
