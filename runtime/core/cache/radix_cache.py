@@ -115,7 +115,7 @@ class RadixCache:
             child.last_access_s = now
             child.priority = max(child.priority, priority)
             node, pos = child, pos + matched
-        pass  #  may end at a leaf whose stats just changed
+        self._queue.push(node)  # a fully present key may end at a leaf whose stats just changed
         return pos
 
     # -- pinning ------------------------------------------------------------------------------
