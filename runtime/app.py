@@ -19,6 +19,7 @@ CPU_POOL_LIMIT_BYTES = 8 * 2**30
 def run_real(cfg: DictConfig, out_dir: str | Path | None = None) -> dict:
     """Serve `cfg.workload` with the real model and write requests.parquet, steps.parquet and
     summary.json (same schema as the simulator). Returns the summary."""
+    from runtime.engine.fast_path import FastPathConfig
     from runtime.engine.model_runner import ModelRunner, resolve_device   # torch only here
 
     wall_start = time.perf_counter()
@@ -35,7 +36,10 @@ def run_real(cfg: DictConfig, out_dir: str | Path | None = None) -> dict:
     runner = ModelRunner(dict(core.model.hf_config), core.kv_capacity_tokens, device=str(device),
                          dtype=cfg.real.dtype, load_format=load_format(cfg, core.model.path),
                          path=core.model.path,
-                         seed=int(cfg.seed))
+                         seed=int(cfg.seed),
+                         fast=FastPathConfig(enabled=bool(cfg.real.fast_path), cuda_graph=bool(cfg.real.cuda_graph),
+                                             cuda_graph_max_bs=int(cfg.real.cuda_graph_max_bs),
+                                             progress=bool(cfg.progress)))
     specs = instantiate(cfg.workload).requests()
     driver = RealDriver(core.scheduler, runner.execute, as_fast_as_possible=bool(cfg.real.as_fast_as_possible),
                         progress=bool(cfg.progress))

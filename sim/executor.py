@@ -42,16 +42,27 @@ def simulated_tokens(req: Request, first_index: int, num_tokens: int, vocab_size
 
 class SimExecutor:
     """`execute(plan)` -> StepResult with the cost model's duration; `decode_run(plan, k)` ->
-    (durations [k], tokens per item [n][k]) for k consecutive decode steps of an unchanged batch."""
+    (durations [k], tokens per item [n][k]) for k consecutive decode steps of an unchanged batch.
+    Each request's token stream is generated once, vectorised, on first use."""
 
     def __init__(self, cost_model: CostModel, vocab_size: int) -> None:
         self.cost_model = cost_model
         self.vocab_size = vocab_size
+        self._streams: dict[str, list[int]] = {}
+
+    def _stream(self, req: Request) -> list[int]:
+        stream = self._streams.get(req.rid)
+        if stream is None or len(stream) < req.sampling.max_new_tokens:
+            stream = simulated_tokens(req, 0, req.sampling.max_new_tokens, self.vocab_size)
+            self._streams[req.rid] = stream
+        return stream
 
     def execute(self, plan: StepPlan) -> StepResult:
         duration_s = self.cost_model.step_time_s(StepShape.from_plan(plan))
-        tokens = [simulated_tokens(it.request, len(it.request.output_ids), 1, self.vocab_size)[0]
-                  for it in plan.sampling_items]
+        tokens = [self._stream(it.request)[len(it.request.output_ids)] for it in plan.sampling_items]
+        for it in plan.items:
+            if it.samples and len(it.request.output_ids) + 1 >= it.request.sampling.max_new_tokens:
+                self._streams.pop(it.request.rid, None)          # its last token: free the stream
         return StepResult(next_token_ids=tokens, duration_s=duration_s)
 
     def decode_durations_s(self, plan: StepPlan, num_steps: int) -> np.ndarray:
@@ -61,5 +72,8 @@ class SimExecutor:
         return self.cost_model.decode_times_s(num_reqs, context)
 
     def decode_tokens(self, plan: StepPlan, num_steps: int) -> list[list[int]]:
-        return [simulated_tokens(it.request, len(it.request.output_ids), num_steps, self.vocab_size)
-                for it in plan.items]
+        out = []
+        for it in plan.items:
+            first = len(it.request.output_ids)
+            out.append(self._stream(it.request)[first:first + num_steps])
+        return out

@@ -1,15 +1,18 @@
 """Executes a core StepPlan on a torch model: builds the ForwardBatch from the plan's slot
 indices, runs the model over the paged KV pool, samples one token per sampling item.
+On CUDA with a FastPathConfig: FlashInfer/Triton MLA + Triton fused MoE, decode through CUDA graphs.
 
 Imports torch; never imported by runtime/core or sim/.
 """
 from __future__ import annotations
 
 import time
+import warnings
 
 import torch
 
 from runtime.core.batch import StepPlan, StepResult
+from runtime.engine.fast_path import FastPathConfig, enable_fast_path, mla_shape, torch_reference_experts
 from runtime.engine.forward_batch import ForwardBatch
 from runtime.engine.kv_pool import create_kv_pool
 from runtime.engine.sampler import Sampler
@@ -30,17 +33,40 @@ class ModelRunner:
     duration measured on the wall clock after the device finished)."""
 
     def __init__(self, hf_config: dict, num_kv_slots: int, device: str = "auto", dtype: str = "bfloat16",
-                 load_format: str = "dummy", path: str | None = None, seed: int = 0) -> None:
+                 load_format: str = "dummy", path: str | None = None, seed: int = 0,
+                 fast: FastPathConfig | None = None) -> None:
+        """fast: None (default) = the torch reference everywhere; on CPU it is ignored either way."""
         if dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r}: expected one of {sorted(DTYPES)}")
         self.device = resolve_device(device)
         self.dtype = DTYPES[dtype]
         start = time.perf_counter()
         self.model = build_model(hf_config, self.dtype, self.device, load_format, path, seed)
-        self.pool = create_kv_pool(ModelConfig.from_hf(hf_config), num_kv_slots, self.dtype, self.device)
+        config = ModelConfig.from_hf(hf_config)
+        self.attn_backend = None      # FastMLABackend when the fast path is on
+        self.graphs = None            # CudaGraphRunner when decode graphs are captured
+        if fast is not None and fast.enabled:
+            self.attn_backend = enable_fast_path(self.model, config, self.dtype, self.device, fast.mla_kernel)
+        use_graphs = fast is not None and fast.enabled and fast.cuda_graph and self.attn_backend is not None
+        if fast is not None and fast.cuda_graph and self.device.type == "cuda" and not use_graphs:
+            warnings.warn("cuda_graph needs the fast path on an MLA model; decode runs eagerly")
+        # graphs: one extra slot past the core's capacity, where padding rows write
+        self.pool = create_kv_pool(config, num_kv_slots + (1 if use_graphs else 0), self.dtype, self.device)
         self.sampler = Sampler(device=self.device, seed=seed)
+        if use_graphs:
+            self.graphs = self._capture(fast, num_kv_slots)
         self._sync()
         self.load_time_s = time.perf_counter() - start
+
+    def _capture(self, fast: FastPathConfig, num_kv_slots: int):
+        from runtime.engine.cuda_graph_runner import CudaGraphRunner, capture_batch_sizes
+
+        sizes = list(fast.cuda_graph_batch_sizes or capture_batch_sizes(fast.cuda_graph_max_bs))
+        # KV tokens one replay may attend: shared radix prefixes can make it exceed the pool size
+        max_kv_tokens = 2 * num_kv_slots + max(sizes)
+        return CudaGraphRunner(self.model, self.pool, mla_shape(self.model, self.dtype), self.attn_backend.kernel,
+                               sizes, dummy_slot=num_kv_slots, max_kv_tokens=max_kv_tokens, device=self.device,
+                               progress=fast.progress)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -49,7 +75,27 @@ class ModelRunner:
     @torch.no_grad()
     def forward_logits(self, plan: StepPlan) -> torch.Tensor:
         """Logits [B, V] of the last new token of every plan item (float32)."""
-        fb = ForwardBatch.from_plan(plan, self.device)
+        return self.forward(ForwardBatch.from_plan(plan, self.device))
+
+    @torch.no_grad()
+    def forward(self, fb: ForwardBatch, path: str = "auto") -> torch.Tensor:
+        """Logits [B, V] (float32). path: auto (graph replay when a decode batch fits a captured
+        size, else eager), eager (fast kernels, no graphs), reference (torch reference kernels).
+        Without a fast path every choice is the reference. A replay's logits are a view that the
+        next replay overwrites."""
+        if path not in ("auto", "eager", "reference"):
+            raise ValueError(f"path {path!r}: expected auto, eager or reference")
+        if path == "reference":
+            with torch_reference_experts(self.model):
+                fb.attn_backend = None
+                return self.model(fb, self.pool)
+        if path == "auto" and self.graphs is not None:
+            bs = self.graphs.bucket(fb)
+            if bs is not None:
+                return self.graphs.replay(fb, bs)
+        if self.attn_backend is not None:
+            fb.attn_backend = self.attn_backend
+            self.attn_backend.plan_step(fb)       # once per step, before any layer
         return self.model(fb, self.pool)
 
     @torch.no_grad()

@@ -28,7 +28,8 @@ def h200() -> HardwareSpec:
 def test_every_hardware_yaml_instantiates(path: Path) -> None:
     hw = instantiate(OmegaConf.load(path))
     assert isinstance(hw, HardwareSpec) and hw.name == path.stem
-    assert hw.peak_fp8_flops >= hw.peak_bf16_flops > 0 and hw.memory_bytes > 40e9
+    assert hw.peak_fp8_flops >= hw.peak_bf16_flops > 0
+    assert hw.memory_bytes > (1e9 if hw.name == "cpu" else 40e9)   # cpu: the CPU runtime's KV budget
 
 
 def test_hardware_rejects_nonpositive_numbers() -> None:

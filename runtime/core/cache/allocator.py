@@ -7,13 +7,18 @@ from __future__ import annotations
 
 from typing import Iterable
 
+import numpy as np
+
+_VECTOR_MIN = 64   # below this many pages a Python loop beats numpy's call overhead
+
 
 class KVSlotAllocator:
     """Paged allocator over integer KV slot indices [0, num_slots). A page is page_size consecutive
     slots starting at a multiple of page_size. Capacity is floor(num_slots/page_size)*page_size.
 
     State: a LIFO free list of page indices (pages freed last are reused first, in the order they
-    were passed to `free`) and one byte per page (1 = allocated) for double-free detection.
+    were passed to `free`) and one byte per page (1 = allocated, a numpy array so that large
+    allocations and frees mark their pages at C speed) for double-free detection.
     Initially pages come out in ascending order.
     With page_size == 1 a page index *is* a slot index, so allocation is one list slice.
     """
@@ -26,7 +31,7 @@ class KVSlotAllocator:
         self.page_size: int = page_size
         self.num_pages: int = num_slots // page_size
         self._free_pages: list[int] = []
-        self._page_allocated = bytearray(self.num_pages)
+        self._page_allocated = np.zeros(self.num_pages, dtype=np.uint8)
         self.reset()
 
     # -- sizes (slots unless named pages) -------------------------------------------
@@ -112,8 +117,11 @@ class KVSlotAllocator:
         del free[-num_pages:]
         pages.reverse()
         allocated = self._page_allocated
-        for page in pages:
-            allocated[page] = 1
+        if num_pages >= _VECTOR_MIN:
+            allocated[np.array(pages)] = 1
+        else:
+            for page in pages:
+                allocated[page] = 1
         return pages
 
     # -- release ----------------------------------------------------------------------
@@ -127,18 +135,34 @@ class KVSlotAllocator:
         ps = self.page_size
         pages = slots if ps == 1 else list(dict.fromkeys(slot // ps for slot in slots))
         allocated = self._page_allocated
-        for i, page in enumerate(pages):
-            if not allocated[page]:
-                for done in pages[:i]:  # roll back: the call frees all or nothing
-                    allocated[done] = 1
-                raise ValueError(f"double free of KV page {page} (slots {page * ps}..{page * ps + ps - 1})")
-            allocated[page] = 0
+        if len(pages) >= _VECTOR_MIN:
+            index = np.array(pages)
+            flags = allocated[index]
+            if not flags.all() or np.unique(index).size != index.size:
+                self._raise_double_free(pages)
+            allocated[index] = 0
+        else:
+            for i, page in enumerate(pages):
+                if not allocated[page]:
+                    for done in pages[:i]:  # roll back: the call frees all or nothing
+                        allocated[done] = 1
+                    self._raise_double_free(pages)
+                allocated[page] = 0
         self._free_pages.extend(reversed(pages))  # so they come back out in the order given
+
+    def _raise_double_free(self, pages: list[int]) -> None:
+        """Name the first page of `pages` that is free or repeated (nothing has been freed)."""
+        seen: set[int] = set()
+        for page in pages:
+            if not self._page_allocated[page] or page in seen:
+                ps = self.page_size
+                raise ValueError(f"double free of KV page {page} (slots {page * ps}..{page * ps + ps - 1})")
+            seen.add(page)
 
     def reset(self) -> None:
         """Free everything; the next allocations come out in ascending order again."""
         self._free_pages = list(range(self.num_pages - 1, -1, -1))
-        self._page_allocated = bytearray(self.num_pages)
+        self._page_allocated = np.zeros(self.num_pages, dtype=np.uint8)
 
     def _check_range(self, low_slot: int, high_slot: int) -> None:
         if low_slot < 0 or high_slot >= self.capacity_slots:

@@ -1,0 +1,190 @@
+"""The CUDA fast path of the model runner: an MLA attention backend on FlashInfer (Triton fallback), the
+Triton fused MoE behind `set_experts_fn`, and a switch back to the torch reference (benchmarks, tests).
+
+Legend: T = new tokens, B = sequences, N = heads, C = kv_lora_rank, R = rope dim, S = KV slots.
+CPU never reaches this module's kernels: `enable_fast_path` returns None there and changes nothing.
+Kernel modules are imported lazily, so importing this file needs neither a GPU nor flashinfer.
+"""
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from runtime.engine.forward_batch import ForwardBatch
+from runtime.engine.kv_pool import MHAKVPool, MLAKVPool
+from runtime.models.attention_backend import TorchAttentionBackend
+from runtime.models.config import ModelConfig
+from runtime.models.mla import MLAttention
+from runtime.models.moe import MoE, set_experts_fn
+
+MLA_KERNELS = ("auto", "flashinfer", "triton")
+_FLASHINFER_DIMS = (512, 64)   # (kv_lora_rank, rope dim) FlashInfer's MLA kernels are compiled for
+_EAGER_WORKSPACE_BYTES = 512 * 2**20   # the eager wrapper also plans long prefill chunks
+
+
+@dataclass
+class FastPathConfig:
+    """What the runner enables on CUDA. Every field is ignored on CPU (the torch reference runs)."""
+
+    enabled: bool = True                 # FlashInfer/Triton MLA + Triton fused MoE
+    cuda_graph: bool = True              # capture decode steps (MLA models with the fast path only)
+    cuda_graph_max_bs: int = 256         # largest captured decode batch; larger batches run eagerly
+    cuda_graph_batch_sizes: tuple[int, ...] | None = None   # explicit sizes (benchmarks); None = the grid
+    mla_kernel: str = "auto"             # auto (FlashInfer when importable) | flashinfer | triton
+    progress: bool = True                # tqdm bar during capture
+
+
+@dataclass(frozen=True)
+class MLAShape:
+    num_heads: int
+    kv_lora_rank: int
+    rope_dim: int
+    sm_scale: float
+    dtype: torch.dtype
+
+
+def mla_shape(model: nn.Module, dtype: torch.dtype) -> MLAShape:
+    """Every MLA layer shares heads, ranks and softmax scale; read them from the first."""
+    layer = next(m for m in model.modules() if isinstance(m, MLAttention))
+    return MLAShape(layer.num_heads, layer.kv_lora_rank, layer.rope_dim, float(layer.scale), dtype)
+
+
+def choose_mla_kernel(requested: str, shape: MLAShape) -> str:
+    """'flashinfer' when asked for (or auto) and usable for these shapes/dtype, else 'triton'."""
+    if requested not in MLA_KERNELS:
+        raise ValueError(f"mla_kernel {requested!r}: expected one of {MLA_KERNELS}")
+    if requested == "triton":
+        return "triton"
+    from kernels.mla_attention.flashinfer_mla import flashinfer_available
+
+    usable = ((shape.kv_lora_rank, shape.rope_dim) == _FLASHINFER_DIMS
+              and shape.dtype in (torch.bfloat16, torch.float16) and flashinfer_available())
+    if not usable and requested == "flashinfer":
+        raise RuntimeError("mla_kernel=flashinfer: flashinfer is not importable or does not support "
+                           f"C={shape.kv_lora_rank}, R={shape.rope_dim}, {shape.dtype}")
+    if not usable:
+        warnings.warn("FlashInfer MLA unavailable for this model/dtype; using the Triton MLA kernels")
+    return "flashinfer" if usable else "triton"
+
+
+def _cpu_int32(values: list[int]) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int32)
+
+
+def _indptr(lengths: list[int]) -> list[int]:
+    out = [0]
+    for n in lengths:
+        out.append(out[-1] + n)
+    return out
+
+
+class FastMLABackend:
+    """AttentionBackend for MLA pools on CUDA. `plan_step(fb)` once per step (host work), then every
+    layer's `mla()` stores the new latents (one Triton launch) and attends with no host work.
+
+    Decode steps: FlashInfer decode (causal=False) or Triton split-KV decode. Steps with extends:
+    FlashInfer causal extend (bottom-right aligned, matches the reference) or the Triton row kernel.
+    `auto_plan=True` (eager use) plans lazily when handed a batch it has not planned; the CUDA-graph
+    runner uses `auto_plan=False` and plans before each replay itself. `mha()` is the torch reference."""
+
+    def __init__(self, shape: MLAShape, kernel: str, device: torch.device, auto_plan: bool = True,
+                 flashinfer=None) -> None:
+        from kernels.mla_attention.triton_decode import mla_decode_triton, mla_extend_triton
+        from kernels.small_ops.triton_kv_store import store_mla_kv_triton
+
+        self.shape, self.kernel, self.device, self.auto_plan = shape, kernel, device, auto_plan
+        if kernel == "flashinfer" and flashinfer is None:
+            from kernels.mla_attention.flashinfer_mla import FlashInferMLA
+            flashinfer = FlashInferMLA(device, workspace_bytes=_EAGER_WORKSPACE_BYTES)
+        self.flashinfer = flashinfer
+        self._store, self._decode_triton, self._extend_triton = store_mla_kv_triton, mla_decode_triton, mla_extend_triton
+        self._triton_cfg = self._triton_config()
+        self._planned: ForwardBatch | None = None
+        self._decode = True
+        self._reference = TorchAttentionBackend()
+
+    # -- planning (host, once per step) ----------------------------------------------------
+    def plan_step(self, fb: ForwardBatch) -> None:
+        self._decode = fb.all_decode
+        if self.flashinfer is not None:
+            self.plan_flashinfer(_cpu_int32(_indptr(fb.extend_lens_cpu)), _cpu_int32(_indptr(fb.seq_lens_cpu)),
+                                 fb.kv_indices, _cpu_int32(fb.seq_lens_cpu), causal=not self._decode)
+        self._planned = fb
+
+    def plan_flashinfer(self, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
+                        kv_lens: torch.Tensor, causal: bool) -> None:
+        """qo_indptr, kv_indptr, kv_lens: int32 CPU tensors; kv_indices: int32 on the device."""
+        s = self.shape
+        self.flashinfer.plan(qo_indptr, kv_indptr, kv_indices, kv_lens, s.num_heads, s.kv_lora_rank,
+                             s.rope_dim, s.sm_scale, s.dtype, s.dtype, causal=causal)
+
+    # -- AttentionBackend ------------------------------------------------------------------
+    def mha(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+            fb: ForwardBatch, pool: MHAKVPool, scale: float) -> torch.Tensor:
+        return self._reference.mha(layer, q, k, v, fb, pool, scale)
+
+    def mla(self, layer: int, q_latent: torch.Tensor, q_rope: torch.Tensor, c_kv: torch.Tensor,
+            k_rope: torch.Tensor, fb: ForwardBatch, pool: MLAKVPool, scale: float) -> torch.Tensor:
+        if scale != self.shape.sm_scale:
+            raise ValueError(f"layer {layer} softmax scale {scale} differs from the planned {self.shape.sm_scale}")
+        if self.auto_plan and self._planned is not fb:
+            self.plan_step(fb)
+        cache = pool.get_kv(layer)                                         # [S, C + R]
+        self._store(cache, fb.out_cache_loc, c_kv.contiguous(), k_rope.contiguous())
+        if self.flashinfer is not None:
+            return self.flashinfer.run(q_latent.contiguous(), q_rope.contiguous(), cache)   # [T, N, C]
+        if self._decode:
+            return self._decode_triton(q_latent, q_rope, cache, fb.kv_indptr, fb.kv_indices, scale,
+                                       config=self._triton_cfg)
+        return self._extend_triton(q_latent, q_rope, cache, fb.qo_indptr, fb.kv_indptr, fb.kv_indices, scale,
+                                   causal=True, config=self._triton_cfg)
+
+    def _triton_config(self):
+        """Default tiles, but half-height KV tiles in fp32 (a [32, 512] fp32 tile per stage is 64 KiB
+        of shared memory)."""
+        from kernels.mla_attention.triton_decode import MLADecodeConfig, default_config
+
+        cfg = default_config(self.shape.num_heads, self.shape.kv_lora_rank)
+        if self.shape.dtype == torch.float32:
+            cfg = MLADecodeConfig(block_h=cfg.block_h, block_n=16, num_warps=cfg.num_warps, num_stages=2)
+        return cfg
+
+
+def has_moe(model: nn.Module) -> bool:
+    return any(isinstance(m, MoE) for m in model.modules())
+
+
+def enable_fast_path(model: nn.Module, config: ModelConfig, dtype: torch.dtype, device: torch.device,
+                     mla_kernel: str = "auto") -> FastMLABackend | None:
+    """On CUDA: route MoE layers through the Triton fused MoE and return the MLA backend (None for
+    non-MLA models, whose attention stays the torch reference). On CPU: change nothing, return None."""
+    if device.type != "cuda":
+        return None
+    if has_moe(model):
+        from kernels.fused_moe.fused_moe_triton import fused_moe
+        set_experts_fn(model, fused_moe)
+    if not config.use_mla:
+        return None
+    shape = mla_shape(model, dtype)
+    return FastMLABackend(shape, choose_mla_kernel(mla_kernel, shape), device)
+
+
+@contextmanager
+def torch_reference_experts(model: nn.Module) -> Iterator[None]:
+    """Temporarily route every MoE layer through the torch reference (restores the previous functions).
+    Captured CUDA graphs are unaffected: they replay the kernels they recorded."""
+    from kernels.fused_moe.ref import fused_moe_ref
+
+    layers = [m for m in model.modules() if isinstance(m, MoE)]
+    saved = [layer.experts_fn for layer in layers]
+    set_experts_fn(model, fused_moe_ref)
+    try:
+        yield
+    finally:
+        for layer, fn in zip(layers, saved):
+            layer.experts_fn = fn
