@@ -37,7 +37,7 @@ class KVManager:
         """Longest cached prefix of the request's tokens, leaving at least one token to compute
         (the last position must run through the model to give logits)."""
         fill = req.input_ids + req.output_ids if req.output_ids else req.input_ids
-        result = self.cache.match_prefix(fill[: len(fill) - 1])
+        result = self.cache.match_prefix(fill, max_tokens=len(fill) - 1)
         req.prefix_match_len = result.length
         return result
 

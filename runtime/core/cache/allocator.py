@@ -138,7 +138,7 @@ class KVSlotAllocator:
         if len(pages) >= _VECTOR_MIN:
             index = np.array(pages)
             flags = allocated[index]
-            if not flags.all() or np.unique(index).size != index.size:
+            if not flags.all() or len(set(pages)) != len(pages):
                 self._raise_double_free(pages)
             allocated[index] = 0
         else:

@@ -68,18 +68,24 @@ class RadixCache:
         return self._evictable_tokens + self._protected_tokens
 
     # -- lookup and insertion ---------------------------------------------------------------
-    def match_prefix(self, token_ids: Sequence[int]) -> MatchResult:
-        """Longest cached page-aligned prefix of `token_ids`. Changes no sizes and no access stats;
-        may split a node so that the returned node ends exactly at `length`."""
+    def match_prefix(self, token_ids: Sequence[int], max_tokens: int | None = None) -> MatchResult:
+        """Longest cached page-aligned prefix of `token_ids[:max_tokens]` (no copy is made of a
+        list). Changes no sizes and no access stats; may split a node so that the returned node
+        ends exactly at `length`."""
         if not self.enabled:
             return MatchResult(0, [], self.root)
-        key = self._aligned_key(token_ids)
+        if isinstance(token_ids, list):
+            key, limit = token_ids, len(token_ids) if max_tokens is None else min(max_tokens, len(token_ids))
+            limit -= limit % self.page_size
+        else:
+            key = self._aligned_key(token_ids[:max_tokens] if max_tokens is not None else token_ids)
+            limit = len(key)
         node, pos, slots = self.root, 0, []
-        while pos < len(key):
+        while pos < limit:
             child = node.children.get(edge_key(key, pos, self.page_size))
             if child is None:
                 break
-            matched = self._matched_len(key, pos, child)
+            matched = self._matched_len(key, pos, child, limit)
             ends_inside_edge = matched < len(child.key)
             if ends_inside_edge:
                 child = self._split(child, matched)
@@ -196,8 +202,8 @@ class RadixCache:
             return token_ids
         return list(token_ids[:aligned_len])
 
-    def _matched_len(self, key: list[int], pos: int, child: TreeNode) -> int:
-        matched = common_prefix_len(key, pos, child.key)
+    def _matched_len(self, key: list[int], pos: int, child: TreeNode, end: int | None = None) -> int:
+        matched = common_prefix_len(key, pos, child.key, end)
         return matched - matched % self.page_size
 
     def _add_leaf(self, parent: TreeNode, key: list[int], slots: list[int], now: float,

@@ -68,10 +68,11 @@ def edge_key(tokens: list[int], pos: int, page_size: int) -> Hashable:
     return tuple(tokens[pos:pos + page_size])
 
 
-def common_prefix_len(tokens: list[int], pos: int, edge: list[int]) -> int:
-    """Length of the common prefix of tokens[pos:] and `edge`, using slice comparisons only
+def common_prefix_len(tokens: list[int], pos: int, edge: list[int], end: int | None = None) -> int:
+    """Length of the common prefix of tokens[pos:end] and `edge`, using slice comparisons only
     (C speed): one whole-slice compare, then halving chunks to locate the first mismatch."""
-    segment = tokens[pos:pos + len(edge)]
+    stop = pos + len(edge) if end is None else min(pos + len(edge), end)
+    segment = tokens[pos:stop]
     if segment == edge:
         return len(edge)
     limit = len(segment)
