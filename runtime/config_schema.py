@@ -57,6 +57,11 @@ class RealSchema:
 
 
 @dataclass
+class TokenizerSchema:
+    path: Optional[str] = None           # a local Hugging Face tokenizer dir; null = built-in byte tokenizer
+
+
+@dataclass
 class RunConfig:
     mode: Any = MISSING
     model: Any = MISSING
@@ -66,6 +71,7 @@ class RunConfig:
     workload: Any = MISSING
     costmodel: Any = MISSING
     real: RealSchema = field(default_factory=RealSchema)
+    tokenizer: TokenizerSchema = field(default_factory=TokenizerSchema)
     scheduler: Any = field(default_factory=SchedulerSchema)
     cache: CacheSchema = field(default_factory=CacheSchema)
     kv: KVSchema = field(default_factory=KVSchema)
