@@ -1,5 +1,7 @@
 """Decode step time of the real runtime, three ways, against the HBM roofline: (a) torch reference,
-eager; (b) fast path (FlashInfer/Triton MLA + Triton fused MoE), eager; (c) fast path + CUDA graphs.
+eager; (b) fast path (FlashInfer/Triton MLA + Triton fused MoE + Triton fused small ops), eager; (c) fast
+path + CUDA graphs. Rows `*_unfused` repeat (b) and (c) with the small ops (norms, rotary, SiLU-and-mul) as
+torch code, from a second set of graphs captured that way (skip with --no-unfused).
 Dummy weights, context C tokens of KV per sequence, batch sizes B.
 
 Roofline = bytes one step must read / bandwidth: attention, dense-MLP and shared-expert weights, the
@@ -26,7 +28,7 @@ from hydra.utils import instantiate
 from experiments.bench_real_decode import decode_plan
 from experiments.compose import compose_config
 from runtime.core.cache.allocator import KVSlotAllocator
-from runtime.engine.fast_path import FastPathConfig
+from runtime.engine.fast_path import FastPathConfig, torch_reference_small_ops
 from runtime.engine.forward_batch import ForwardBatch
 from runtime.engine.model_runner import ModelRunner
 from runtime.models.moe import MoE
@@ -81,15 +83,33 @@ def time_ms(fn, repeats: int, warmup: int = 2) -> list[float]:
     return samples
 
 
-def forward_fn(runner: ModelRunner, fb: ForwardBatch, path: str):
+def forward_fn(runner: ModelRunner, fb: ForwardBatch, path: str, unfused: bool = False):
     def step() -> None:
-        runner.forward(fb, path).argmax(-1).tolist()        # the host sync a served step ends with
+        if unfused:
+            with torch_reference_small_ops(runner.model):
+                runner.forward(fb, path).argmax(-1).tolist()
+        else:
+            runner.forward(fb, path).argmax(-1).tolist()    # the host sync a served step ends with
         sync(runner)
     return step
 
 
+def replay_fn(runner: ModelRunner, graphs, fb: ForwardBatch):
+    """What runner.forward(fb) does on a graph hit, through another CudaGraphRunner."""
+    def step() -> None:
+        graphs.replay(fb, graphs.bucket(fb)).argmax(-1).tolist()
+        sync(runner)
+    return step
+
+
+def capture_unfused_graphs(runner: ModelRunner, fast: FastPathConfig, slots: int):
+    """Decode graphs of the same model and pool with the small ops as torch code (for comparison)."""
+    with torch_reference_small_ops(runner.model):
+        return runner._capture(fast, slots)
+
+
 def bench_batch(runner: ModelRunner, model_name: str, batch: int, context: int, slots: int, vocab: int,
-                args: argparse.Namespace) -> list[dict]:
+                args: argparse.Namespace, unfused_graphs=None) -> list[dict]:
     plan = decode_plan(batch, context, KVSlotAllocator(slots), vocab)
     fb = ForwardBatch.from_plan(plan, runner.device)
     bytes_ = step_bytes(runner, batch, context)
@@ -99,8 +119,12 @@ def bench_batch(runner: ModelRunner, model_name: str, batch: int, context: int, 
     cases = [("reference_eager", forward_fn(runner, fb, "reference"), args.reference_repeats)]
     if fast:
         cases.append(("fast_eager", forward_fn(runner, fb, "eager"), args.repeats))
+        if runner.model.small_ops is not None and not args.no_unfused:
+            cases.append(("fast_eager_unfused", forward_fn(runner, fb, "eager", unfused=True), args.repeats))
     if graphs:
         cases.append(("fast_graphs", forward_fn(runner, fb, "auto"), args.repeats))
+        if unfused_graphs is not None and unfused_graphs.bucket(fb) is not None:
+            cases.append(("fast_graphs_unfused", replay_fn(runner, unfused_graphs, fb), args.repeats))
     cases.append(("execute" + ("_graphs" if graphs else "_eager" if fast else "_reference"),
                   lambda: runner.execute(plan), args.repeats))
     rows = []
@@ -117,8 +141,9 @@ def bench_batch(runner: ModelRunner, model_name: str, batch: int, context: int, 
 
 def summarize(rows: list[dict]) -> None:
     """Ratios per batch and the targets: graphs <= 1.3x roofline at B=1 and <= 1.5x at B >= 64;
-    graphs >= 2x faster than fast eager at B=1."""
-    print("\nbatch  roofline_ms  graphs_ms  graphs/roofline  eager/graphs  reference/graphs  execute_ms")
+    graphs >= 2x faster than fast eager at B=1. unfused/graphs: the fused small ops' speedup."""
+    print("\nbatch  roofline_ms  graphs_ms  graphs/roofline  eager/graphs  reference/graphs  unfused/graphs"
+          "  execute_ms")
     for batch in sorted({r["batch"] for r in rows}):
         by_path = {r["path"]: r for r in rows if r["batch"] == batch}
         graphs = by_path.get("fast_graphs")
@@ -129,6 +154,8 @@ def summarize(rows: list[dict]) -> None:
         execute = next((r for p, r in by_path.items() if p.startswith("execute")), None)
         x_roof = graphs["x_roofline"]
         eager_ratio = eager["ms_median"] / graphs["ms_median"] if eager else float("nan")
+        unfused = by_path.get("fast_graphs_unfused")
+        unfused_ratio = unfused["ms_median"] / graphs["ms_median"] if unfused else float("nan")
         ref_ratio = ref["ms_median"] / graphs["ms_median"] if ref else float("nan")
         targets = []
         if batch == 1:
@@ -137,7 +164,8 @@ def summarize(rows: list[dict]) -> None:
         if batch >= 64:
             targets.append(f"roofline<=1.5x {'MET' if x_roof <= 1.5 else 'MISSED'}")
         print(f"{batch:5d}  {graphs['roofline_ms']:11.3f}  {graphs['ms_median']:9.3f}  {x_roof:15.2f}  "
-              f"{eager_ratio:12.2f}  {ref_ratio:16.2f}  {execute['ms_median'] if execute else float('nan'):10.3f}  "
+              f"{eager_ratio:12.2f}  {ref_ratio:16.2f}  {unfused_ratio:14.2f}  "
+              f"{execute['ms_median'] if execute else float('nan'):10.3f}  "
               + "  ".join(targets))
 
 
@@ -152,6 +180,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--bandwidth", type=float, default=H200_HBM_BYTES_PER_S, help="HBM bytes/s")
     parser.add_argument("--no-graphs", action="store_true")
+    parser.add_argument("--no-unfused", action="store_true", help="skip the *_unfused comparison rows")
     parser.add_argument("--quick", action="store_true", help="tiny model, small batches: a CPU smoke test")
     parser.add_argument("--out", default=None, help="CSV (default experiments/results/h200/decode_step.csv)")
     args = parser.parse_args()
@@ -167,9 +196,12 @@ def main() -> None:
     kernel = runner.attn_backend.kernel if runner.attn_backend is not None else "torch reference"
     print(f"{args.model} on {runner.device} ({args.dtype}): load + KV pool of {slots} slots"
           f"{' + graph capture' if runner.graphs else ''} {runner.load_time_s:.1f} s; MLA kernel: {kernel}", flush=True)
+    unfused_graphs = None
+    if runner.graphs is not None and runner.model.small_ops is not None and not args.no_unfused:
+        unfused_graphs = capture_unfused_graphs(runner, fast, slots)
     rows = []
     for batch in args.batch:
-        rows += bench_batch(runner, args.model, batch, args.context, slots, spec.vocab_size, args)
+        rows += bench_batch(runner, args.model, batch, args.context, slots, spec.vocab_size, args, unfused_graphs)
     summarize(rows)
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", newline="") as f:

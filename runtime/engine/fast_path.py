@@ -1,5 +1,6 @@
 """The CUDA fast path of the model runner: an MLA attention backend on FlashInfer (Triton fallback), the
-Triton fused MoE behind `set_experts_fn`, and a switch back to the torch reference (benchmarks, tests).
+Triton fused MoE behind `set_experts_fn`, Triton small ops (add + RMSNorm, SiLU-and-mul, rotary) behind
+`CausalLM.small_ops`, and switches back to the torch reference (benchmarks, tests).
 
 Legend: T = new tokens, B = sequences, N = heads, C = kv_lora_rank, R = rope dim, S = KV slots.
 CPU never reaches this module's kernels: `enable_fast_path` returns None there and changes nothing.
@@ -18,9 +19,11 @@ from torch import nn
 from runtime.engine.forward_batch import ForwardBatch
 from runtime.engine.kv_pool import MHAKVPool, MLAKVPool
 from runtime.models.attention_backend import TorchAttentionBackend
+from runtime.models.base import CausalLM
 from runtime.models.config import ModelConfig
+from runtime.models.layers import RMSNorm
 from runtime.models.mla import MLAttention
-from runtime.models.moe import MoE, set_experts_fn
+from runtime.models.moe import MoE, TopKRouter, set_experts_fn
 
 MLA_KERNELS = ("auto", "flashinfer", "triton")
 _FLASHINFER_DIMS = (512, 64)   # (kv_lora_rank, rope dim) FlashInfer's MLA kernels are compiled for
@@ -36,6 +39,7 @@ class FastPathConfig:
     cuda_graph_max_bs: int = 256         # largest captured decode batch; larger batches run eagerly
     cuda_graph_batch_sizes: tuple[int, ...] | None = None   # explicit sizes (benchmarks); None = the grid
     mla_kernel: str = "auto"             # auto (FlashInfer when importable) | flashinfer | triton
+    fused_small_ops: bool = True         # Triton add+RMSNorm / RMSNorm / SiLU-and-mul / rotary in the model
     progress: bool = True                # tqdm bar during capture
 
 
@@ -135,7 +139,7 @@ class FastMLABackend:
         if self.auto_plan and self._planned is not fb:
             self.plan_step(fb)
         cache = pool.get_kv(layer)                                         # [S, C + R]
-        self._store(cache, fb.out_cache_loc, c_kv.contiguous(), k_rope.contiguous())
+        self._store(cache, fb.out_cache_loc, _rows(c_kv), _rows(k_rope))   # row-strided views are fine
         if self.flashinfer is not None:
             return self.flashinfer.run(q_latent.contiguous(), q_rope.contiguous(), cache)   # [T, N, C]
         if self._decode:
@@ -155,16 +159,58 @@ class FastMLABackend:
         return cfg
 
 
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x itself when its rows are contiguous (any row stride), else a contiguous copy."""
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+class FusedSmallOps:
+    """runtime.models.layers.SmallOps on the Triton kernels of kernels/small_ops: one launch per norm
+    (the residual add fused in, both updated in place), per SiLU-and-mul and per q/k rotary pair.
+    Rotary reads a [P, R] cos/sin table built once from the model's own RotaryEmbedding, so the angles
+    are the reference's. Triton rather than FlashInfer for rotary: DeepSeek's rope dims are the last R of
+    each q head and of the kv_a output, strided views FlashInfer's in-place rope cannot take without copies.
+    Runs wherever Triton does (CPU tests use its interpreter); no host syncs (CUDA-graph safe)."""
+
+    def __init__(self, model: CausalLM) -> None:
+        from kernels.small_ops.triton_act import silu_and_mul_triton
+        from kernels.small_ops.triton_norm import fused_add_rmsnorm_triton, rmsnorm_triton
+        from kernels.small_ops.triton_rope import rope_triton
+
+        self._rmsnorm, self._add_rmsnorm = rmsnorm_triton, fused_add_rmsnorm_triton
+        self._silu_and_mul, self._rope = silu_and_mul_triton, rope_triton
+        self.cos_sin_cache = model.rotary.cos_sin_cache(model.config.max_position_embeddings)   # [P, R] fp32
+
+    def rmsnorm(self, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
+        return self._rmsnorm(x, norm.weight, norm.eps)
+
+    def add_rmsnorm(self, x: torch.Tensor, residual: torch.Tensor,
+                    norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._add_rmsnorm(x, residual, norm.weight, norm.eps, inplace=True)
+
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return self._silu_and_mul(gate_up)
+
+    def rope(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, interleaved: bool,
+             q_out: torch.Tensor | None = None) -> None:
+        self._rope(positions, q, k, self.cos_sin_cache, not interleaved, q_out=q_out)
+
+
 def has_moe(model: nn.Module) -> bool:
     return any(isinstance(m, MoE) for m in model.modules())
 
 
 def enable_fast_path(model: nn.Module, config: ModelConfig, dtype: torch.dtype, device: torch.device,
-                     mla_kernel: str = "auto") -> FastMLABackend | None:
-    """On CUDA: route MoE layers through the Triton fused MoE and return the MLA backend (None for
-    non-MLA models, whose attention stays the torch reference). On CPU: change nothing, return None."""
+                     mla_kernel: str = "auto", fused_small_ops: bool = True) -> FastMLABackend | None:
+    """On CUDA: route MoE layers through the Triton fused MoE, the small ops through FusedSmallOps (if
+    asked), and return the MLA backend (None for non-MLA models, whose attention stays the torch
+    reference). On CPU: change nothing, return None."""
     if device.type != "cuda":
         return None
+    if fused_small_ops:
+        model.small_ops = FusedSmallOps(model)
+        for router in (m for m in model.modules() if isinstance(m, TopKRouter)):
+            router.weight_f32()                  # allocate now, not inside a graph warm-up
     if has_moe(model):
         from kernels.fused_moe.fused_moe_triton import fused_moe
         set_experts_fn(model, fused_moe)
@@ -172,6 +218,17 @@ def enable_fast_path(model: nn.Module, config: ModelConfig, dtype: torch.dtype, 
         return None
     shape = mla_shape(model, dtype)
     return FastMLABackend(shape, choose_mla_kernel(mla_kernel, shape), device)
+
+
+@contextmanager
+def torch_reference_small_ops(model: nn.Module) -> Iterator[None]:
+    """Temporarily run the model's small ops as torch code (restores the previous setting). Like
+    torch_reference_experts, captured CUDA graphs keep the kernels they recorded."""
+    saved, model.small_ops = model.small_ops, None
+    try:
+        yield
+    finally:
+        model.small_ops = saved
 
 
 @contextmanager

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 if TYPE_CHECKING:
@@ -59,61 +61,102 @@ class ForwardBatch:
     ) -> "ForwardBatch":
         """seqs: per sequence (new token ids, prefix_len, all_slots) where all_slots lists the KV
         slot of each of its prefix_len + len(new) tokens, prefix first."""
-        ids: list[int] = []
-        positions: list[int] = []
-        out_loc: list[int] = []
-        kv_indices: list[int] = []
-        prefix_lens, extend_lens, seq_lens = [], [], []
         for new_ids, prefix_len, slots in seqs:
-            num_new = len(new_ids)
-            if num_new == 0 or len(slots) != prefix_len + num_new:
-                raise ValueError(f"need >= 1 new token and prefix+new slots; got {num_new} new, "
-                                 f"prefix {prefix_len}, {len(slots)} slots")
-            ids.extend(new_ids)
-            positions.extend(range(prefix_len, prefix_len + num_new))
-            out_loc.extend(slots[prefix_len:])
-            kv_indices.extend(slots)
-            prefix_lens.append(prefix_len)
-            extend_lens.append(num_new)
-            seq_lens.append(prefix_len + num_new)
-        qo_indptr = _cumsum0(extend_lens)
-        if is_decode is None:
-            is_decode = [n == 1 and p > 0 for n, p in zip(extend_lens, prefix_lens)]
-
-        def long(values: list[int]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.long, device=device)
-
-        return cls(
-            input_ids=long(ids),
-            positions=long(positions),
-            out_cache_loc=long(out_loc),
-            seq_lens=long(seq_lens),
-            prefix_lens=long(prefix_lens),
-            extend_lens=long(extend_lens),
-            qo_indptr=torch.tensor(qo_indptr, dtype=torch.int32, device=device),
-            kv_indptr=torch.tensor(_cumsum0(seq_lens), dtype=torch.int32, device=device),
-            kv_indices=torch.tensor(kv_indices, dtype=torch.int32, device=device),
-            logits_indices=long([end - 1 for end in qo_indptr[1:]]),
-            is_decode=torch.tensor(list(is_decode), dtype=torch.bool, device=device),
-            seq_lens_cpu=seq_lens,
-            prefix_lens_cpu=prefix_lens,
-            extend_lens_cpu=extend_lens,
-        )
+            _check_counts(len(new_ids), prefix_len, len(slots))
+        return cls._assemble(
+            new_ids=[s[0] for s in seqs], prefix_lens=[s[1] for s in seqs],
+            kv_parts=[s[2] for s in seqs], out_parts=[s[2][s[1]:] for s in seqs],
+            is_decode=is_decode, device=device)
 
     @classmethod
     def from_plan(cls, plan: "StepPlan", device: torch.device | str) -> "ForwardBatch":
         """One sequence per scheduled item, in plan order: the new tokens are
         fill_ids[prefix:prefix+new], the prefix KV is request.kv_slots[:prefix]."""
-        seqs = []
+        new_ids, prefix_lens, kv_parts = [], [], []
         for item in plan.items:
-            req, start = item.request, item.num_prefix_tokens
-            new_ids = req.fill_ids[start:start + item.num_new_tokens]
-            seqs.append((new_ids, start, list(req.kv_slots[:start]) + list(item.new_slots)))
-        return cls.build(seqs, device, is_decode=[it.is_decode for it in plan.items])
+            req, start, num_new = item.request, item.num_prefix_tokens, item.num_new_tokens
+            ids = _fill_slice(req.input_ids, req.output_ids, start, num_new)
+            _check_counts(len(ids), start, min(len(req.kv_slots), start) + len(item.new_slots),
+                          num_new_slots=len(item.new_slots))
+            new_ids.append(ids)
+            prefix_lens.append(start)
+            slots = req.kv_slots
+            if len(slots) == start + num_new and slots[start:] == item.new_slots:
+                kv_parts.append(slots)          # already prefix + new (the usual case): no slice copy
+            else:
+                kv_parts += (slots[:start], item.new_slots)
+        return cls._assemble(new_ids, prefix_lens, kv_parts, [it.new_slots for it in plan.items],
+                             [it.is_decode for it in plan.items], device)
+
+    @classmethod
+    def _assemble(cls, new_ids: Sequence[Sequence[int]], prefix_lens: list[int],
+                  kv_parts: Sequence[Sequence[int]], out_parts: Sequence[Sequence[int]],
+                  is_decode: Sequence[bool] | None, device: torch.device | str) -> "ForwardBatch":
+        """Per-token lists go through numpy (np.fromiter, no Python loop per token); all long fields
+        travel to the device in one copy, the int32 ones in another (pinned, async on CUDA)."""
+        extend_lens = [len(ids) for ids in new_ids]
+        seq_lens = [p + n for p, n in zip(prefix_lens, extend_lens)]
+        num_seqs, num_tokens, num_kv = len(prefix_lens), sum(extend_lens), sum(seq_lens)
+        if is_decode is None:
+            is_decode = [n == 1 and p > 0 for n, p in zip(extend_lens, prefix_lens)]
+        qo_indptr = np.zeros(num_seqs + 1, dtype=np.int64)
+        np.cumsum(extend_lens, out=qo_indptr[1:])
+        kv_indptr = np.zeros(num_seqs + 1, dtype=np.int64)
+        np.cumsum(seq_lens, out=kv_indptr[1:])
+        prefix = np.asarray(prefix_lens, dtype=np.int64)
+        # long fields packed: ids | positions | out_loc [T each] | seq | prefix | extend | logits rows [B each]
+        longs = np.empty(3 * num_tokens + 4 * num_seqs, dtype=np.int64)
+        ids, positions, out_loc, per_seq = np.split(longs, [num_tokens, 2 * num_tokens, 3 * num_tokens])
+        ids[:] = np.fromiter(chain.from_iterable(new_ids), dtype=np.int64, count=num_tokens)
+        out_loc[:] = np.fromiter(chain.from_iterable(out_parts), dtype=np.int64, count=num_tokens)
+        # position of token t of sequence b: prefix[b] + (t - qo_indptr[b])
+        positions[:] = np.arange(num_tokens) + np.repeat(prefix - qo_indptr[:-1], extend_lens)
+        per_seq[:] = np.concatenate([kv_indptr[1:] - kv_indptr[:-1], prefix, extend_lens, qo_indptr[1:] - 1])
+        # int32 fields packed: qo_indptr [B + 1] | kv_indptr [B + 1] | kv_indices [K]
+        int32s = np.empty(2 * (num_seqs + 1) + num_kv, dtype=np.int32)
+        int32s[:num_seqs + 1] = qo_indptr
+        int32s[num_seqs + 1:2 * (num_seqs + 1)] = kv_indptr
+        int32s[2 * (num_seqs + 1):] = np.fromiter(chain.from_iterable(kv_parts), dtype=np.int32, count=num_kv)
+        long_t = _to_device(longs, device)
+        int32_t = _to_device(int32s, device)
+        seq_t, prefix_t, extend_t, logits_t = long_t[3 * num_tokens:].split(num_seqs)
+        return cls(
+            input_ids=long_t[:num_tokens],
+            positions=long_t[num_tokens:2 * num_tokens],
+            out_cache_loc=long_t[2 * num_tokens:3 * num_tokens],
+            seq_lens=seq_t,
+            prefix_lens=prefix_t,
+            extend_lens=extend_t,
+            qo_indptr=int32_t[:num_seqs + 1],
+            kv_indptr=int32_t[num_seqs + 1:2 * (num_seqs + 1)],
+            kv_indices=int32_t[2 * (num_seqs + 1):],
+            logits_indices=logits_t,
+            is_decode=_to_device(np.asarray(list(is_decode), dtype=np.bool_), device),
+            seq_lens_cpu=seq_lens,
+            prefix_lens_cpu=list(prefix_lens),
+            extend_lens_cpu=extend_lens,
+        )
 
 
-def _cumsum0(values: list[int]) -> list[int]:
-    out = [0]
-    for v in values:
-        out.append(out[-1] + v)
-    return out
+def _check_counts(num_new: int, prefix_len: int, num_slots: int, num_new_slots: int | None = None) -> None:
+    if num_new == 0 or num_slots != prefix_len + num_new or num_new_slots not in (None, num_new):
+        raise ValueError(f"need >= 1 new token and prefix+new slots; got {num_new} new, "
+                         f"prefix {prefix_len}, {num_slots} slots")
+
+
+def _fill_slice(input_ids: list[int], output_ids: list[int], start: int, count: int) -> list[int]:
+    """(input_ids + output_ids)[start:start + count] without concatenating the whole history."""
+    num_input = len(input_ids)
+    if start >= num_input:
+        return output_ids[start - num_input:start - num_input + count]
+    head = input_ids[start:start + count]
+    return head + output_ids[:count - len(head)] if len(head) < count else head
+
+
+def _to_device(array: np.ndarray, device: torch.device | str) -> torch.Tensor:
+    """One host-to-device copy; on CUDA staged through pinned memory (the caching host allocator
+    keeps the block until the async copy is done), so it does not block the host."""
+    tensor = torch.from_numpy(array)
+    if torch.device(device).type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)

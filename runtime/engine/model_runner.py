@@ -12,7 +12,9 @@ import warnings
 import torch
 
 from runtime.core.batch import StepPlan, StepResult
-from runtime.engine.fast_path import FastPathConfig, enable_fast_path, mla_shape, torch_reference_experts
+from runtime.engine.fast_path import (
+    FastPathConfig, enable_fast_path, mla_shape, torch_reference_experts, torch_reference_small_ops,
+)
 from runtime.engine.forward_batch import ForwardBatch
 from runtime.engine.kv_pool import create_kv_pool
 from runtime.engine.sampler import Sampler
@@ -46,7 +48,8 @@ class ModelRunner:
         self.attn_backend = None      # FastMLABackend when the fast path is on
         self.graphs = None            # CudaGraphRunner when decode graphs are captured
         if fast is not None and fast.enabled:
-            self.attn_backend = enable_fast_path(self.model, config, self.dtype, self.device, fast.mla_kernel)
+            self.attn_backend = enable_fast_path(self.model, config, self.dtype, self.device, fast.mla_kernel,
+                                                 fast.fused_small_ops)
         use_graphs = fast is not None and fast.enabled and fast.cuda_graph and self.attn_backend is not None
         if fast is not None and fast.cuda_graph and self.device.type == "cuda" and not use_graphs:
             warnings.warn("cuda_graph needs the fast path on an MLA model; decode runs eagerly")
@@ -86,7 +89,7 @@ class ModelRunner:
         if path not in ("auto", "eager", "reference"):
             raise ValueError(f"path {path!r}: expected auto, eager or reference")
         if path == "reference":
-            with torch_reference_experts(self.model):
+            with torch_reference_experts(self.model), torch_reference_small_ops(self.model):
                 fb.attn_backend = None
                 return self.model(fb, self.pool)
         if path == "auto" and self.graphs is not None:

@@ -16,7 +16,7 @@ from runtime.engine.forward_batch import ForwardBatch
 from runtime.engine.kv_pool import KVPool
 from runtime.models.attention_backend import AttentionBackend, TorchAttentionBackend
 from runtime.models.config import ModelConfig
-from runtime.models.layers import Embedding, Linear, MergedLinear, RMSNorm
+from runtime.models.layers import Embedding, Linear, MergedLinear, RMSNorm, SmallOps
 from runtime.models.moe import StackedExperts
 from runtime.models.rotary import RotaryEmbedding
 
@@ -35,8 +35,9 @@ class StepContext:
     fb: ForwardBatch
     pool: KVPool
     backend: AttentionBackend
-    cos: torch.Tensor   # [T, R/2]
-    sin: torch.Tensor   # [T, R/2]
+    cos: torch.Tensor | None   # [T, R/2]; None when fused ops rotate from positions (MLA)
+    sin: torch.Tensor | None   # [T, R/2]
+    ops: SmallOps | None = None   # fused small ops; None = the torch reference
 
 
 class DecoderLayer(nn.Module):
@@ -53,6 +54,18 @@ class DecoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:   # [T, H] -> [T, H]
         x = x + self.self_attn(self.input_layernorm(x), ctx)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    def forward_fused(self, x: torch.Tensor, residual: torch.Tensor | None, ctx: StepContext,
+                      ops: SmallOps) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same layer with the residual stream carried separately (as SGLang does): x is the previous
+        sublayer's output (the embeddings when residual is None); each add + norm is one fused kernel.
+        Returns (mlp output, residual) -- the next layer's (x, residual). Overwrites x and residual."""
+        if residual is None:
+            residual, h = x, ops.rmsnorm(x, self.input_layernorm)
+        else:
+            h, residual = ops.add_rmsnorm(x, residual, self.input_layernorm)
+        h, residual = ops.add_rmsnorm(self.self_attn(h, ctx), residual, self.post_attention_layernorm)
+        return self.mlp(h, ops), residual
 
 
 class DecoderModel(nn.Module):
@@ -82,6 +95,7 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         rot_dim = config.qk_rope_head_dim if config.use_mla else config.head_dim
         self.rotary = RotaryEmbedding(config.rope, rot_dim, config.max_position_embeddings, device)
+        self.small_ops: SmallOps | None = None   # fused kernels (fast path on CUDA); None = torch reference
 
     def make_layer(self, layer_id: int) -> DecoderLayer:
         raise NotImplementedError
@@ -91,12 +105,27 @@ class CausalLM(nn.Module):
     def hidden_states(self, fb: ForwardBatch, pool: KVPool) -> torch.Tensor:
         """Final-normed hidden states of every new token [T, H]; writes this step's KV."""
         backend = fb.attn_backend if fb.attn_backend is not None else TorchAttentionBackend()
+        ops = self.small_ops
+        if ops is not None:
+            return self._hidden_states_fused(fb, pool, backend, ops)
         cos, sin = self.rotary.cos_sin(fb.positions)
         ctx = StepContext(fb, pool, backend, cos, sin)
         x = self.model.embed_tokens(fb.input_ids)                # [T, H]
         for layer in self.model.layers:
             x = layer(x, ctx)
         return self.model.norm(x)
+
+    def _hidden_states_fused(self, fb: ForwardBatch, pool: KVPool, backend: AttentionBackend,
+                             ops: SmallOps) -> torch.Tensor:
+        # MLA layers rotate from positions inside the fused kernel; MHA layers still read cos/sin
+        cos, sin = (None, None) if self.config.use_mla else self.rotary.cos_sin(fb.positions)
+        ctx = StepContext(fb, pool, backend, cos, sin, ops)
+        x, residual = self.model.embed_tokens(fb.input_ids), None     # [T, H]
+        for layer in self.model.layers:
+            x, residual = layer.forward_fused(x, residual, ctx, ops)
+        if residual is None:
+            return ops.rmsnorm(x, self.model.norm)
+        return ops.add_rmsnorm(x, residual, self.model.norm)[0]
 
     @torch.no_grad()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:   # [B, H] -> [B, V] float32

@@ -1,9 +1,12 @@
 """Building blocks shared by the model families: uninitialised linears (weights come from a loader),
-merged linears that load HF shards, RMSNorm, the SiLU-and-mul MLP, vocab embedding and LM head.
+merged linears that load HF shards, RMSNorm, the SiLU-and-mul MLP, vocab embedding and LM head, and
+the `SmallOps` contract through which a fused-kernel implementation replaces the torch small ops.
 
-Legend: T = tokens, H = hidden, I = intermediate, V = vocab.
+Legend: T = tokens, H = hidden, I = intermediate, V = vocab, N = heads, R = rotary dim.
 """
 from __future__ import annotations
+
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -63,6 +66,26 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+class SmallOps(Protocol):
+    """Fused kernels for the small ops of a forward (runtime/engine/fast_path.FusedSmallOps on CUDA).
+    A model whose `small_ops` is None runs the torch code of this package instead (the reference).
+    Implementations may overwrite their inputs where noted; none may sync with the host."""
+
+    def rmsnorm(self, x: torch.Tensor, norm: "RMSNorm") -> torch.Tensor:
+        """x [T, W] (rows may be strided) -> new [T, W]."""
+
+    def add_rmsnorm(self, x: torch.Tensor, residual: torch.Tensor,
+                    norm: "RMSNorm") -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual); overwrites x and residual with them."""
+
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """[T, 2I] -> [T, I]."""
+
+    def rope(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, interleaved: bool,
+             q_out: torch.Tensor | None = None) -> None:
+        """Rotate q [T, N, R] (into q_out when given) and k [T, R] or [T, N, R] in place, at positions [T]."""
+
+
 class GatedMLP(nn.Module):
     """down(silu(gate x) * up x); gate and up merged into `gate_up_proj` [2I, H]."""
 
@@ -72,8 +95,18 @@ class GatedMLP(nn.Module):
         self.gate_up_proj = MergedLinear(hidden, [intermediate, intermediate], bias, dtype, device)
         self.down_proj = Linear(intermediate, hidden, bias, dtype, device)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:    # [T, H] -> [T, H]
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+    def forward(self, x: torch.Tensor, ops: SmallOps | None = None) -> torch.Tensor:    # [T, H] -> [T, H]
+        if ops is None:
+            return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
+
+    def forward_add(self, x: torch.Tensor, out: torch.Tensor, ops: SmallOps) -> torch.Tensor:
+        """out + mlp(x) [T, H] with the fused ops; overwrites out: the add rides in the down GEMM
+        (beta = 1 into out itself, one launch fewer; an out-of-place addmm would first copy out)."""
+        act = ops.silu_and_mul(self.gate_up_proj(x))                     # [T, I]
+        if self.down_proj.bias is not None:
+            return out + self.down_proj(act)
+        return out.addmm_(act, self.down_proj.weight.t())
 
 
 class Embedding(nn.Module):

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from runtime.models.config import ModelConfig
-from runtime.models.layers import Linear, RMSNorm
+from runtime.models.layers import Linear, RMSNorm, SmallOps
 from runtime.models.rotary import apply_rotary, yarn_softmax_mscale
 
 if TYPE_CHECKING:
@@ -54,14 +54,18 @@ class MLAttention(nn.Module):
         self.w_uk = w[:, :self.nope_dim].contiguous()
         self.w_uv = w[:, self.nope_dim:].contiguous()
 
-    def _query(self, x: torch.Tensor) -> torch.Tensor:                  # [T, H] -> [T, N, Dn + R]
+    def _query(self, x: torch.Tensor, ops: SmallOps | None = None) -> torch.Tensor:   # [T, H] -> [T, N, Dn + R]
         if hasattr(self, "q_proj"):
             q = self.q_proj(x)
-        else:
+        elif ops is None:
             q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        else:
+            q = self.q_b_proj(ops.rmsnorm(self.q_a_proj(x), self.q_a_layernorm))
         return q.view(x.shape[0], self.num_heads, self.nope_dim + self.rope_dim)
 
     def forward(self, x: torch.Tensor, ctx: "StepContext") -> torch.Tensor:   # [T, H] -> [T, H]
+        if ctx.ops is not None:
+            return self._forward_fused(x, ctx, ctx.ops)
         q_nope, q_pe = self._query(x).split([self.nope_dim, self.rope_dim], dim=-1)
         c_kv, k_pe = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.rope_dim], dim=-1)
         c_kv = self.kv_a_layernorm(c_kv)                                  # [T, C]
@@ -71,3 +75,21 @@ class MLAttention(nn.Module):
         out = ctx.backend.mla(self.layer_id, q_latent, q_pe, c_kv, k_pe, ctx.fb, ctx.pool, self.scale)
         out = torch.einsum("tnc,nvc->tnv", out, self.w_uv)                # [T, N, Dv]
         return self.o_proj(out.reshape(x.shape[0], -1))
+
+    def _forward_fused(self, x: torch.Tensor, ctx: "StepContext", ops: SmallOps) -> torch.Tensor:
+        """The same math in fewer launches: one rotary kernel for q and k (q's rope part lands in a
+        contiguous buffer, as the attention kernels want it), and the absorption bmms read strided
+        views and write head-major views of token-major buffers, so no copy surrounds them."""
+        num_tokens, n, c = x.shape[0], self.num_heads, self.kv_lora_rank
+        q = self._query(x, ops)                                            # [T, N, Dn + R]
+        latent = self.kv_a_proj_with_mqa(x)                                # [T, C + R]
+        c_kv = ops.rmsnorm(latent[:, :c], self.kv_a_layernorm)             # [T, C]
+        k_pe = latent[:, c:]                                               # [T, R], rotated in place
+        q_pe = x.new_empty(num_tokens, n, self.rope_dim)                   # [T, N, R]
+        ops.rope(ctx.fb.positions, q[..., self.nope_dim:], k_pe, self.interleaved, q_out=q_pe)
+        q_latent = x.new_empty(num_tokens, n, c)                           # [T, N, C]
+        torch.bmm(q[..., :self.nope_dim].transpose(0, 1), self.w_uk, out=q_latent.transpose(0, 1))
+        out = ctx.backend.mla(self.layer_id, q_latent, q_pe, c_kv, k_pe, ctx.fb, ctx.pool, self.scale)
+        heads = x.new_empty(num_tokens, n, self.v_dim)                     # [T, N, Dv]
+        torch.bmm(out.transpose(0, 1), self.w_uv.transpose(1, 2), out=heads.transpose(0, 1))
+        return self.o_proj(heads.view(num_tokens, -1))

@@ -12,7 +12,7 @@ from torch import nn
 
 from kernels.fused_moe.ref import fused_moe_ref
 from runtime.models.config import ModelConfig
-from runtime.models.layers import GatedMLP, Linear, empty_param
+from runtime.models.layers import GatedMLP, Linear, SmallOps, empty_param
 
 # (hidden [T, H], w13 [E, 2I, H], w2 [E, H, I], topk_weights [T, K], topk_ids [T, K]) -> [T, H]
 MoEFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -46,6 +46,8 @@ def select_experts(
     topk_weights = scores.gather(1, topk_ids)                               # unbiased scores
     if norm_topk_prob:
         topk_weights = topk_weights / (topk_weights.sum(dim=-1, keepdim=True) + 1e-20)
+    if routed_scaling_factor == 1.0:
+        return topk_weights, topk_ids         # x * 1.0 == x: skip a launch, bit-identical
     return topk_weights * routed_scaling_factor, topk_ids
 
 
@@ -72,9 +74,24 @@ class TopKRouter(nn.Module):
         self.e_score_correction_bias = (
             empty_param(config.num_experts, dtype=torch.float32, device=device)
             if config.topk_method == "noaux_tc" else None)
+        self._weight_f32: torch.Tensor | None = None   # float32 copy for the fused path (no cast per step)
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = x.float() @ self.weight.float().t()                        # [T, E]
+    def post_load(self) -> None:
+        self._weight_f32 = None                        # weights changed: rebuild the copy on next use
+
+    def weight_f32(self) -> torch.Tensor:
+        """[E, H] float32 copy of the weight, made once (the fast path makes it before any graph capture)."""
+        if self._weight_f32 is None:
+            self._weight_f32 = self.weight.float()
+        return self._weight_f32
+
+    def forward(self, x: torch.Tensor, cached_f32: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """cached_f32: read a float32 copy of the weight kept across steps (the same values as the
+        per-step cast); the fused path uses it, the reference casts each step."""
+        if cached_f32:
+            logits = x.float() @ self.weight_f32().t()                      # [T, E]
+        else:
+            logits = x.float() @ self.weight.float().t()                    # [T, E]
         cfg = self.config
         return select_experts(
             logits, cfg.num_experts_per_tok, cfg.scoring_func, cfg.topk_method, cfg.n_group,
@@ -135,13 +152,26 @@ class MoE(nn.Module):
             self.shared_expert = GatedMLP(hidden, config.shared_expert_intermediate_size, False, dtype, device)
             self.shared_expert_gate = Linear(hidden, 1, False, dtype, device)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:         # [T, H] -> [T, H]
+    def forward(self, x: torch.Tensor, ops: SmallOps | None = None) -> torch.Tensor:   # [T, H] -> [T, H]
+        if ops is not None:
+            return self._forward_fused(x, ops)
         topk_weights, topk_ids = self.gate(x)                    # [T, K], [T, K]
         out = self.experts_fn(x, self.experts.w13, self.experts.w2, topk_weights, topk_ids)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out
+
+    def _forward_fused(self, x: torch.Tensor, ops: SmallOps) -> torch.Tensor:
+        """Same sum; the router reads its cached float32 weight and DeepSeek's shared experts add
+        into the routed output inside their down GEMM (experts_fn must return a fresh tensor)."""
+        topk_weights, topk_ids = self.gate(x, cached_f32=True)    # [T, K], [T, K]
+        out = self.experts_fn(x, self.experts.w13, self.experts.w2, topk_weights, topk_ids)
+        if self.shared_experts is not None:
+            out = self.shared_experts.forward_add(x, out, ops)
+        if self.shared_expert is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x, ops)
         return out
 
 

@@ -106,6 +106,12 @@ class RotaryEmbedding(torch.nn.Module):
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
         return freqs.cos() * self.scaling, freqs.sin() * self.scaling
 
+    def cos_sin_cache(self, max_positions: int) -> torch.Tensor:
+        """[P, R] float32 for the fused rotary kernels: cos in [:, :R/2], sin in [:, R/2:] (the layout of
+        kernels/small_ops/rope_cache.py), the same values `cos_sin` gives for positions 0..P-1."""
+        cos, sin = self.cos_sin(torch.arange(max_positions, device=self.inv_freq.device))
+        return torch.cat([cos, sin], dim=-1)
+
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
     """x [T, N, R] or [T, R] -> same shape, rotated (float32 math). interleaved: pairs (x0, x1),

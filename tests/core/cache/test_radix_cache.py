@@ -1,0 +1,202 @@
+"""RadixCache: match/insert/split semantics, paging, locking, eviction bookkeeping, disabled mode."""
+from __future__ import annotations
+
+import pytest
+
+from runtime.core.cache.allocator import KVSlotAllocator
+from runtime.core.cache.eviction.lru import LRUEviction
+from runtime.core.cache.radix_cache import RadixCache
+from tests.core.cache.tree_checks import check_tree, path_tokens_and_slots
+
+
+def make_cache(num_slots: int = 256, page_size: int = 1, enabled: bool = True) -> RadixCache:
+    allocator = KVSlotAllocator(num_slots, page_size)
+    return RadixCache(allocator, LRUEviction(), page_size=page_size, enabled=enabled)
+
+
+def cache_sequence(cache: RadixCache, tokens: list[int], now: float, priority: int = 0) -> list[int]:
+    """What a finished request does: compute everything, insert, free duplicates and the tail."""
+    slots = cache.allocator.allocate(0, len(tokens), None)
+    already = cache.insert(tokens, slots, now, priority)
+    aligned = len(tokens) - len(tokens) % cache.page_size
+    cache.allocator.free(slots[:already] + slots[aligned:])
+    return slots
+
+
+def test_match_on_empty_cache_returns_root() -> None:
+    cache = make_cache()
+    match = cache.match_prefix([1, 2, 3])
+    assert (match.length, match.slots, match.node) == (0, [], cache.root)
+
+
+def test_insert_then_match_returns_the_stored_slots() -> None:
+    cache = make_cache()
+    slots = cache_sequence(cache, [1, 2, 3, 4], now=1.0)
+    match = cache.match_prefix([1, 2, 3, 4, 5])
+    assert (match.length, match.slots) == (4, slots)
+    assert cache.match_prefix((1, 2, 3)).slots == slots[:3]      # tuples work too
+    check_tree(cache)
+
+
+def test_insert_reports_the_already_present_prefix() -> None:
+    cache = make_cache()
+    first = cache_sequence(cache, [1, 2, 3, 4], now=1.0)
+    slots = cache.allocator.allocate(0, 6, None)
+    assert cache.insert([1, 2, 9, 9, 9, 9], slots, now=2.0) == 2
+    assert cache.insert([1, 2, 3, 4], first, now=3.0) == 4
+    assert cache.insert([], [], now=3.0) == 0
+    cache.allocator.free(slots[:2])
+    match = cache.match_prefix([1, 2, 9, 9, 9, 9])
+    assert match.slots == first[:2] + slots[2:]
+    assert cache.total_size() == 8
+    check_tree(cache)
+
+
+def test_insert_requires_one_slot_per_token() -> None:
+    cache = make_cache()
+    with pytest.raises(ValueError):
+        cache.insert([1, 2, 3], [0, 1], now=0.0)
+
+
+def test_match_splits_so_the_node_ends_at_the_match_length() -> None:
+    cache = make_cache()
+    slots = cache_sequence(cache, [5, 6, 7, 8, 9], now=1.0)
+    leaf = cache.match_prefix([5, 6, 7, 8, 9]).node
+    match = cache.match_prefix([5, 6, 7, 0])
+    assert match.length == 3 and match.node.key == [5, 6, 7] and match.slots == slots[:3]
+    assert leaf.parent is match.node and leaf.key == [8, 9]    # the held node keeps its depth
+    assert path_tokens_and_slots(leaf) == ([5, 6, 7, 8, 9], slots)
+    assert cache.total_size() == 5 and cache.num_nodes == 2
+    check_tree(cache)
+
+
+def test_long_keys_match_with_mismatch_anywhere() -> None:
+    cache = make_cache(num_slots=4096)
+    base = list(range(1000))
+    cache_sequence(cache, base, now=1.0)
+    for cut in (0, 1, 17, 500, 998, 999):
+        probe = base[:cut] + [-1] + base[cut + 1:]
+        assert cache.match_prefix(probe).length == cut
+    assert cache.match_prefix(base + [7]).length == 1000
+    check_tree(cache)
+
+
+def test_page_size_four_matches_whole_pages_only() -> None:
+    cache = make_cache(page_size=4)
+    tokens = list(range(10))
+    slots = cache_sequence(cache, tokens, now=1.0)            # 8 tokens cached, 2-token tail freed
+    assert cache.total_size() == 8
+    assert cache.match_prefix(tokens).length == 8
+    assert cache.match_prefix(tokens[:7]).length == 4
+    assert cache.match_prefix([0, 1, 2, 3, 4, 5, 9, 9]).length == 4   # mismatch inside page 2
+    assert cache.match_prefix([0, 1, 2]).length == 0
+    assert cache.match_prefix(tokens).slots == slots[:8]
+    assert cache.allocator.num_free_slots == cache.allocator.capacity_slots - 8
+    check_tree(cache)
+
+
+def test_page_size_four_separates_pages_that_differ_late() -> None:
+    cache = make_cache(page_size=4)
+    a = cache_sequence(cache, [1, 1, 1, 1, 2, 2, 2, 2], now=1.0)
+    b = cache_sequence(cache, [1, 1, 1, 1, 2, 2, 2, 3], now=2.0)
+    assert cache.match_prefix([1, 1, 1, 1, 2, 2, 2, 2]).slots == a
+    assert cache.match_prefix([1, 1, 1, 1, 2, 2, 2, 3]).slots == a[:4] + b[4:]
+    assert cache.total_size() == 12 and cache.num_nodes == 3
+    check_tree(cache)
+
+
+def test_disabled_cache_always_misses_and_stores_nothing() -> None:
+    cache = make_cache(enabled=False)
+    slots = cache.allocator.allocate(0, 3, None)
+    assert cache.insert([1, 2, 3], slots, now=1.0) == 0
+    match = cache.match_prefix([1, 2, 3])
+    assert (match.length, match.slots, match.node) == (0, [], cache.root)
+    cache.lock(match.node, now=1.0)
+    cache.unlock(match.node, now=2.0)
+    assert cache.total_size() == 0 and cache.evict(10, now=3.0) == 0
+    assert cache.allocator.num_free_slots == cache.allocator.capacity_slots - 3   # caller still owns them
+
+
+def test_lock_moves_tokens_to_protected_and_blocks_eviction() -> None:
+    cache = make_cache()
+    cache_sequence(cache, [1, 2, 3], now=1.0)
+    cache_sequence(cache, [1, 2, 4, 5], now=2.0)
+    node = cache.match_prefix([1, 2, 3]).node
+    cache.lock(node, now=3.0)
+    assert (cache.protected_size(), cache.evictable_size()) == (3, 2)
+    assert cache.evict(100, now=4.0) == 2
+    assert cache.match_prefix([1, 2, 3]).length == 3 and cache.match_prefix([1, 2, 4]).length == 2
+    cache.unlock(node, now=5.0)
+    assert (cache.protected_size(), cache.evictable_size()) == (0, 3)
+    assert cache.evict(1, now=6.0) == 1                       # the leaf [3] first ...
+    assert cache.evict(1, now=6.0) == 2                       # ... then its parent [1, 2] becomes a leaf
+    assert cache.total_size() == 0
+    assert cache.allocator.num_free_slots == cache.allocator.capacity_slots
+    check_tree(cache)
+
+
+def test_unlock_without_lock_raises_and_changes_nothing() -> None:
+    cache = make_cache()
+    cache_sequence(cache, [1, 2, 3], now=1.0)
+    node = cache.match_prefix([1, 2, 3]).node
+    with pytest.raises(ValueError):
+        cache.unlock(node, now=2.0)
+    assert node.lock_ref == 0 and cache.evictable_size() == 3
+    check_tree(cache)
+
+
+def test_locking_an_evicted_node_raises() -> None:
+    cache = make_cache()
+    cache_sequence(cache, [1, 2, 3], now=1.0)
+    node = cache.match_prefix([1, 2, 3]).node
+    cache.evict(3, now=2.0)
+    with pytest.raises(ValueError, match="evicted"):
+        cache.lock(node, now=3.0)
+
+
+def test_evict_zero_and_empty_are_safe() -> None:
+    cache = make_cache()
+    assert cache.evict(0, now=0.0) == 0 and cache.evict(5, now=0.0) == 0
+    cache_sequence(cache, [1, 2, 3], now=1.0)
+    assert cache.evict(0, now=2.0) == 0 and cache.total_size() == 3
+
+
+def test_eviction_may_exceed_the_request_by_a_whole_leaf() -> None:
+    cache = make_cache()
+    cache_sequence(cache, list(range(10)), now=1.0)
+    assert cache.evict(1, now=2.0) == 10
+
+
+def test_reset_frees_all_cached_slots() -> None:
+    cache = make_cache(page_size=2, num_slots=64)
+    cache_sequence(cache, [1, 2, 3, 4], now=1.0)
+    cache_sequence(cache, [1, 2, 5, 6, 7], now=2.0)
+    old_node = cache.match_prefix([1, 2]).node
+    cache.reset()
+    assert cache.total_size() == 0 and cache.num_nodes == 0 and old_node.evicted
+    assert cache.allocator.num_free_slots == cache.allocator.capacity_slots
+    assert cache.match_prefix([1, 2]).length == 0
+    check_tree(cache)
+
+
+def test_reset_with_locked_nodes_raises() -> None:
+    cache = make_cache()
+    cache_sequence(cache, [1, 2], now=1.0)
+    cache.lock(cache.match_prefix([1, 2]).node, now=2.0)
+    with pytest.raises(ValueError):
+        cache.reset()
+
+
+def test_page_size_must_match_the_allocator() -> None:
+    with pytest.raises(ValueError):
+        RadixCache(KVSlotAllocator(16, page_size=4), LRUEviction(), page_size=1)
+
+
+def test_node_ids_are_per_cache_and_monotonic() -> None:
+    first, second = make_cache(), make_cache()
+    cache_sequence(first, [1, 2], now=1.0)
+    cache_sequence(second, [1, 2], now=1.0)
+    assert first.match_prefix([1, 2]).node.node_id == second.match_prefix([1, 2]).node.node_id
+    cache_sequence(first, [1, 3], now=2.0)
+    ids = [n.node_id for n in first.iter_nodes()]
+    assert len(set(ids)) == len(ids) and min(ids) > first.root.node_id
