@@ -98,10 +98,12 @@ class RadixCache:
     def insert(self, token_ids: Sequence[int], slots: Sequence[int], now: float, priority: int = 0) -> int:
         """Cache `token_ids` -> `slots` (equal lengths; only the page-aligned head is inserted, the
         unaligned tail is ignored). Returns how many leading tokens (page-aligned) were ALREADY in
-        the tree; for those the tree keeps its own slots. Never frees: the caller frees its
-        duplicate slots[prefix_it_had_locked : returned] and its tail slots[aligned_len:] (see
-        README caveats). Touches the matched path (last_access_s = now, priority = max); new
-        nodes get created_s = now. enabled=False: inserts nothing and returns 0."""
+        the tree; for those the tree keeps its own slots. Never frees. The caller, which holds a
+        lock on its first `locked` tokens (the tree's own slots), then frees its duplicates
+        slots[locked:returned] and, when done with them, its tail slots[aligned_len:]; the tree
+        now owns slots[returned:aligned_len]. (enabled=False: nothing is inserted, 0 is returned
+        and the caller still owns every slot it computed.) Touches the matched path
+        (last_access_s = now, priority = max); new nodes get created_s = now."""
         if len(slots) != len(token_ids):
             raise ValueError(f"insert needs one slot per token: {len(token_ids)} tokens, {len(slots)} slots")
         if not self.enabled:

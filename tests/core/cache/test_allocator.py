@@ -148,3 +148,36 @@ def test_random_sequences_keep_pages_disjoint_and_counted(page_size: int, ops: l
             assert all(slot % page_size == pos % page_size for pos, slot in enumerate(seq))
             assert all(seq[pos] == seq[pos - 1] + 1 for pos in range(1, len(seq)) if pos % page_size)
         assert allocator.num_free_slots + len(pages) * page_size == allocator.capacity_slots
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_large_calls_detect_double_frees(page_size: int) -> None:
+    """Calls over many pages take a vectorised path; it must keep the same all-or-nothing contract."""
+    allocator = KVSlotAllocator(1024 * page_size, page_size=page_size)
+    slots = allocator.allocate(0, 600 * page_size, None)
+    assert all(allocator.is_allocated(s) for s in slots)
+    allocator.free(slots[:100 * page_size])
+    free_before = allocator.num_free_slots
+    with pytest.raises(ValueError, match="double free"):
+        allocator.free(slots[100 * page_size:] + slots[:1])            # one page already free
+    assert allocator.num_free_slots == free_before
+    assert all(allocator.is_allocated(s) for s in slots[100 * page_size:])
+    allocator.free(slots[100 * page_size:])
+    assert allocator.num_free_slots == allocator.capacity_slots
+    assert sorted(allocator.allocate(0, 1024 * page_size, None)) == list(range(1024 * page_size))
+
+
+def test_large_call_with_a_repeated_slot_is_a_double_free() -> None:
+    allocator = KVSlotAllocator(1024)
+    slots = allocator.allocate(0, 600, None)
+    with pytest.raises(ValueError, match="double free"):
+        allocator.free(slots + slots[300:301])
+    assert allocator.num_free_slots == 424
+    assert all(allocator.is_allocated(s) for s in slots)
+
+
+def test_repeated_slots_of_one_page_are_not_a_double_free() -> None:
+    allocator = KVSlotAllocator(4 * 256, page_size=4)
+    slots = allocator.allocate(0, 4 * 200, None)
+    allocator.free(slots + slots[::4])                                  # every page named several times
+    assert allocator.num_free_slots == allocator.capacity_slots

@@ -192,10 +192,11 @@ class CacheMachine(RuleBasedStateMachine):
             assert expected.evicted
             evicted += len(expected.key)
 
-    @rule(tokens=token_lists)
-    def match(self, tokens: list[int]) -> None:
-        expected = reference_match(self.cache, tokens)
-        self._check_match(tokens, self.cache.match_prefix(tokens), expected)
+    @rule(tokens=token_lists, max_tokens=st.none() | st.integers(0, 30))
+    def match(self, tokens: list[int], max_tokens: int | None) -> None:
+        capped = tokens[:max_tokens]
+        expected = reference_match(self.cache, capped)
+        self._check_match(capped, self.cache.match_prefix(tokens, max_tokens=max_tokens), expected)
 
     # -- invariants -------------------------------------------------------------------------
     @invariant()

@@ -200,3 +200,19 @@ def test_node_ids_are_per_cache_and_monotonic() -> None:
     cache_sequence(first, [1, 3], now=2.0)
     ids = [n.node_id for n in first.iter_nodes()]
     assert len(set(ids)) == len(ids) and min(ids) > first.root.node_id
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("as_tuple", [False, True])
+def test_max_tokens_caps_the_match(page_size: int, as_tuple: bool) -> None:
+    cache = make_cache(page_size=page_size)
+    tokens = list(range(12))
+    slots = cache_sequence(cache, tokens, now=1.0)
+    probe = tuple(tokens) if as_tuple else tokens
+    for max_tokens in (0, 1, 4, 5, 11, 12, 100):
+        expected = min(max_tokens, 12) - min(max_tokens, 12) % page_size
+        match = cache.match_prefix(probe, max_tokens=max_tokens)
+        assert (match.length, match.slots) == (expected, slots[:expected])
+        assert path_tokens_and_slots(match.node) == (tokens[:expected], slots[:expected])
+    assert probe == (tuple(tokens) if as_tuple else tokens)            # the caller's sequence is untouched
+    check_tree(cache)
