@@ -59,10 +59,12 @@ class SimExecutor:
 
     def execute(self, plan: StepPlan) -> StepResult:
         duration_s = self.cost_model.step_time_s(StepShape.from_plan(plan))
-        tokens = [self._stream(it.request)[len(it.request.output_ids)] for it in plan.sampling_items]
+        streams, tokens = self._streams, []
         for it in plan.items:
-            if it.samples and len(it.request.output_ids) + 1 >= it.request.sampling.max_new_tokens:
-                self._streams.pop(it.request.rid, None)          # its last token: free the stream
+            if it.samples:
+                req = it.request
+                stream = streams.get(req.rid) or self._stream(req)
+                tokens.append(stream[len(req.output_ids)])
         return StepResult(next_token_ids=tokens, duration_s=duration_s)
 
     def decode_durations_s(self, plan: StepPlan, num_steps: int) -> np.ndarray:

@@ -20,7 +20,9 @@ class PrefillBudget:
         self.kv = kv
         self.clip = config.clip_max_new_tokens
         self.ratio = new_token_ratio
-        self.reserved_running = sum(min(r.max_new_tokens_left, self.clip) for r in running) * new_token_ratio
+        clip = self.clip
+        self.reserved_running = sum(
+            min(r.sampling.max_new_tokens - len(r.output_ids), clip) for r in running) * new_token_ratio
         self.promised_tokens = 0
         self.rem_input_tokens = config.max_prefill_tokens - num_mixed_decodes
         chunk = config.chunked_prefill_size

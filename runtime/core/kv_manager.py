@@ -100,6 +100,16 @@ class KVManager:
             req.kv_slots.append(slot)
         return [[slot] for slot in slots]
 
+    def allocate_many(self, reqs: list[Request], num_tokens: int, now: float) -> None:
+        """`num_tokens` more slots for each request, in one allocator call (page_size 1 only)."""
+        assert self.page_size == 1
+        total = num_tokens * len(reqs)
+        if not self.ensure_free_pages(total, now):
+            raise MemoryError(f"KV pool exhausted allocating {total} slots for a decode run")
+        slots = self.allocator.allocate(0, total, None)
+        for i, req in enumerate(reqs):
+            req.kv_slots.extend(slots[i * num_tokens:(i + 1) * num_tokens])
+
     # -- caching and release ----------------------------------------------------------
     def _aligned(self, num_tokens: int) -> int:
         return num_tokens - num_tokens % self.page_size

@@ -145,8 +145,12 @@ class Scheduler:
             if budget.chunk_full() or take < req.num_fill_tokens - req.num_computed_tokens:
                 break
         if admitted:
-            chosen = {r for r, _ in admitted}
-            self.waiting = [r for r in self.waiting if r not in chosen]
+            chosen = [r for r, _ in admitted if r is not self.chunked]
+            if all(a is b for a, b in zip(self.waiting, chosen)):
+                del self.waiting[:len(chosen)]       # FCFS-like: the admitted are the queue's head
+            else:
+                gone = set(chosen)
+                self.waiting = [r for r in self.waiting if r not in gone]
         return num_cache_hit_tokens
 
     def _fits(self, req: Request, match: MatchResult, budget: PrefillBudget) -> bool:
@@ -255,6 +259,7 @@ class Scheduler:
         """Apply a finished step at time `now` (its end): advance computed tokens, append the
         sampled tokens, finish requests, cache prefilled prefixes, move prefills to running."""
         tokens = iter(result.next_token_ids)
+        num_ended = 0
         for item in plan.items:
             req = item.request
             req.num_computed_tokens += item.num_new_tokens
@@ -269,11 +274,12 @@ class Scheduler:
             reason = req.finishes_with(token)
             if reason is not None:
                 self._end(req, reason, now)
+                num_ended += item.is_decode
             elif not item.is_decode:
                 self.kv.cache_unfinished(req, now)
                 req.status = RequestStatus.DECODING
                 self.running.append(req)
-        if any(r.is_finished for r in self.running):
+        if num_ended:
             self.running = [r for r in self.running if not r.is_finished]
         self.step_id += 1
 
@@ -348,14 +354,15 @@ class Scheduler:
         used_after_first = self.kv.used_tokens()
         page = self.kv.page_size
         new_slots_per_step = [0] * k
+        if k > 1 and page == 1:                      # one allocator call for the whole run
+            self.kv.allocate_many([it.request for it in plan.items], k - 1, end_s[0])
         for item, toks in zip(plan.items, tokens):
             req = item.request
-            if k > 1:
-                if page > 1:
-                    pos0 = len(req.kv_slots)          # position of step 2's token
-                    for j in range(1, k):
-                        if (pos0 + j - 1) % page == 0:
-                            new_slots_per_step[j] += page
+            if k > 1 and page > 1:
+                pos0 = len(req.kv_slots)              # position of step 2's token
+                for j in range(1, k):
+                    if (pos0 + j - 1) % page == 0:
+                        new_slots_per_step[j] += page
                 self.kv.allocate(req, k - 1, end_s[0])
             req.num_computed_tokens += k
             req.output_ids.extend(toks)

@@ -4,6 +4,7 @@ Must not import torch, simpy or time.
 """
 from __future__ import annotations
 
+import operator
 from typing import Callable, Protocol
 
 from runtime.core.cache.radix_cache import MatchResult
@@ -31,6 +32,10 @@ class SchedulePolicy(Protocol):
         ...
 
 
+_ARRIVAL = operator.attrgetter("arrival_s")
+
+
 def by_arrival(waiting: list[Request]) -> list[Request]:
-    """First come, first served; stable on equal arrival times (the queue's insertion order)."""
-    return sorted(waiting, key=lambda r: r.arrival_s)
+    """First come, first served; stable on equal arrival times (the queue's insertion order).
+    (The scheduler keeps its queue in this order, so this is a linear pass in practice.)"""
+    return sorted(waiting, key=_ARRIVAL)
