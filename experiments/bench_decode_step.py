@@ -193,6 +193,10 @@ def main() -> None:
     slots = max(args.batch) * args.context + 16
     fast = FastPathConfig(cuda_graph=not args.no_graphs, cuda_graph_batch_sizes=tuple(sorted(set(args.batch))))
     runner = ModelRunner(dict(spec.hf_config), slots, device=args.device, dtype=args.dtype, fast=fast)
+    with torch.no_grad():        # random KV (not zeros) so requests' hidden states, and so their routing, differ
+        for buf in getattr(runner.pool, "kv_buffers", []) + getattr(runner.pool, "k_buffers", []) \
+                + getattr(runner.pool, "v_buffers", []):
+            buf.normal_(0.0, 1.0)
     kernel = runner.attn_backend.kernel if runner.attn_backend is not None else "torch reference"
     print(f"{args.model} on {runner.device} ({args.dtype}): load + KV pool of {slots} slots"
           f"{' + graph capture' if runner.graphs else ''} {runner.load_time_s:.1f} s; MLA kernel: {kernel}", flush=True)

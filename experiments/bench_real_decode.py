@@ -26,7 +26,7 @@ def decode_plan(batch: int, context: int, allocator: KVSlotAllocator, vocab: int
     for b in range(batch):
         req = Request(f"b{b}", [(7 * b + i) % vocab for i in range(context - 1)],
                       SamplingParams(max_new_tokens=1 << 20, ignore_eos=True, temperature=0.0), 0.0)
-        req.output_ids = [1]
+        req.output_ids = [(131 * b + 17) % vocab]   # distinct tokens: identical ones would route to the same experts
         req.kv_slots = allocator.allocate(0, context - 1, None)
         req.num_computed_tokens = context - 1
         new = allocator.allocate(context - 1, 1, req.kv_slots[-1])
