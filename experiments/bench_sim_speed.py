@@ -52,6 +52,7 @@ def main() -> None:
         "speedup_incl_load": round(outcome.sim_time_s / (sim_wall_s + load_wall_s), 1),
         "requests_per_wall_s": round(len(outcome.requests) / sim_wall_s, 1),
         "fast_forward": bool(cfg.sim.fast_forward),
+        "overrides": " ".join(args.overrides),
         "machine": f"{platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}",
     }
     for key, value in row.items():
