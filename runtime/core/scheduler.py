@@ -301,8 +301,13 @@ class Scheduler:
         if k <= 1:
             return 1
         free_pages = self.kv.allocator.num_free_slots // self.kv.page_size
-        if self.waiting and len(self.running) < self.config.max_running_requests:
-            k = min(k, self._steps_until_admission(k, now))
+        if self.waiting:
+            if (self.kv.page_size != 1 or self.policy.preemption_threshold is not None
+                    or not getattr(self.policy, "stateless_order", False)):
+                return 1                           # the per-step admission attempt cannot be replayed
+            order = self.policy.order(self.waiting, self.kv.match, now)   # as each step's attempt does
+            if order and len(self.running) < self.config.max_running_requests:
+                k = min(k, self._steps_until_admission(order[0], k))
         if k <= 1:
             return 1
         if self.kv.page_size == 1:
@@ -316,19 +321,11 @@ class Scheduler:
                 hi = mid - 1
         return lo
 
-    def _steps_until_admission(self, max_steps: int, now: float) -> int:
+    def _steps_until_admission(self, first: Request, max_steps: int) -> int:
         """With requests waiting but blocked by memory: the first later step j (1 <= j < max_steps)
-        at whose schedule() the policy's first candidate would fit, replaying the admission
+        at whose schedule() the policy's first candidate `first` would fit, replaying the admission
         arithmetic of those steps exactly (KV use grows, the reservation ratio decays, the running
-        requests' remaining tokens shrink). Returns max_steps if none. 1 (no run) when the check
-        cannot be replayed: a stateful policy, preemption, or pages larger than one token."""
-        if (self.kv.page_size != 1 or self.policy.preemption_threshold is not None
-                or not getattr(self.policy, "stateless_order", False)):
-            return 1
-        order = self.policy.order(self.waiting, self.kv.match, now)
-        if not order:
-            return max_steps
-        first = order[0]
+        requests' remaining tokens shrink). Returns max_steps if none. Pages of one token only."""
         match = self.kv.match(first)
         cost = (first.num_fill_tokens - match.length) + min(first.max_new_tokens_left, self.config.clip_max_new_tokens)
         steps = np.arange(1, max_steps)                                              # [k-1]

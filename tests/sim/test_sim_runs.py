@@ -70,12 +70,15 @@ def test_lpm_beats_fcfs_on_cache_hits_and_ttft(tmp_path):
     assert lpm["ttft_s"]["p99"] < fcfs["ttft_s"]["p99"]
 
 
-@pytest.mark.parametrize("capacity,policy", [(40000, "fcfs"), (6000, "fcfs"), (6000, "lpm")])
-def test_fast_forward_is_exact(tmp_path, capacity, policy):
-    """Also with a queue blocked on memory (capacity 6000): runs end where admission would pass."""
+@pytest.mark.parametrize("capacity,policy,max_running", [
+    (40000, "fcfs", 1024), (6000, "fcfs", 1024), (6000, "lpm", 1024), (6000, "random", 1024),
+    (40000, "lpm", 4), (40000, "random", 4)])
+def test_fast_forward_is_exact(tmp_path, capacity, policy, max_running):
+    """Also with a queue blocked on memory (capacity 6000): runs end where admission would pass;
+    and blocked on max_running_requests, where a stateful policy (random) must not be fast-forwarded."""
     overrides = ["workload=random", "workload.num_requests=60", "workload.request_rate=20",
                  f"kv.capacity_tokens={capacity}", "workload.input_len=512", "workload.output_len=128",
-                 f"policy={policy}"]
+                 f"policy={policy}", f"scheduler.max_running_requests={max_running}"]
     on, dir_on = simulate(tmp_path, "on", overrides + ["sim.fast_forward=true"])
     off, dir_off = simulate(tmp_path, "off", overrides + ["sim.fast_forward=false"])
     req_on, req_off = pd.read_parquet(dir_on / "requests.parquet"), pd.read_parquet(dir_off / "requests.parquet")
