@@ -72,7 +72,7 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, mode: str, wall_time_
 
 def format_summary(summary: dict) -> str:
     """A short fixed-width table for the terminal."""
-    ms = lambda v: "-" if v is None else f"{v * 1e3:10.2f}"   # noqa: E731
+    ms = lambda v: f"{'-':>12}" if v is None else f" {v * 1e3:11.2f}"   # noqa: E731
     lines = [
         f"mode={summary['mode']}  requests={summary['num_requests']} finished={summary['num_finished']} "
         f"aborted={summary['num_aborted']}  steps={summary['num_steps']} retractions={summary['num_retractions']}",
@@ -81,7 +81,7 @@ def format_summary(summary: dict) -> str:
         f"{summary['throughput']['input_tokens_per_s']:.0f} in tok/s, "
         f"{summary['throughput']['output_tokens_per_s']:.0f} out tok/s   "
         f"cache hit rate {summary['cache_hit_rate']:.3f}",
-        f"{'latency (ms)':<12}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}",
+        f"{'latency (ms)':<12}{'mean':>12}{'p50':>12}{'p90':>12}{'p99':>12}",
     ]
     for key in ("ttft_s", "itl_s", "tpot_s", "e2e_s"):
         d = summary[key]
