@@ -40,13 +40,17 @@ def run_real(cfg: DictConfig, out_dir: str | Path | None = None) -> dict:
                          fast=FastPathConfig(enabled=bool(cfg.real.fast_path), cuda_graph=bool(cfg.real.cuda_graph),
                                              cuda_graph_max_bs=int(cfg.real.cuda_graph_max_bs),
                                              progress=bool(cfg.progress)))
+    warmup_s = 0.0
+    if cfg.real.warmup and device.type == "cuda":   # compile JIT kernels before the clock starts
+        chunk = int(cfg.scheduler.chunked_prefill_size)
+        warmup_s = runner.warmup(sorted({chunk if chunk > 0 else 8192, 2048, 512, 64}, reverse=True))
     specs = instantiate(cfg.workload).requests()
     driver = RealDriver(core.scheduler, runner.execute, as_fast_as_possible=bool(cfg.real.as_fast_as_possible),
                         progress=bool(cfg.progress))
     outcome = driver.run(specs)
     requests, steps = requests_frame(outcome.requests), steps_frame(outcome.steps)
     summary = summarize(requests, steps, mode="real", wall_time_s=time.perf_counter() - wall_start)
-    summary.update(kv_capacity_tokens=core.kv_capacity_tokens, load_time_s=runner.load_time_s,
+    summary.update(kv_capacity_tokens=core.kv_capacity_tokens, load_time_s=runner.load_time_s, warmup_s=warmup_s,
                    device=str(device), leaked_kv_slots=leaked_slots(core.scheduler))
     write_run(out_dir or cfg.output_dir, requests, steps, summary)
     if cfg.print_summary:

@@ -51,6 +51,7 @@ class RealSchema:
     dtype: str = "bfloat16"              # bfloat16 | float16 | float32
     load_format: str = "auto"            # auto: safetensors when model.path is set, else dummy
     as_fast_as_possible: bool = False    # every request arrives at t=0 instead of its timestamp
+    warmup: bool = True                  # on CUDA: throw-away prefills first, so JIT kernels compile before serving
     fast_path: bool = True               # CUDA only: FlashInfer/Triton MLA + Triton fused MoE
     cuda_graph: bool = True              # CUDA only, needs fast_path and an MLA model: decode graphs
     cuda_graph_max_bs: int = 256         # largest captured decode batch (bigger ones run eagerly)

@@ -102,6 +102,23 @@ class ModelRunner:
         return self.model(fb, self.pool)
 
     @torch.no_grad()
+    def warmup(self, prefill_tokens: list[int]) -> float:
+        """Throw-away prefills of these lengths, then one decode after each, before serving, so
+        just-in-time kernels (Triton, FlashInfer) compile now rather than inside the first steps.
+        Writes KV only into slots no request owns yet (a request reads only slots it wrote).
+        Returns the seconds it took."""
+        start = time.perf_counter()
+        vocab = self.model.config.vocab_size
+        limit = self.pool.num_slots - 1
+        for num_tokens in prefill_tokens:
+            n = max(2, min(num_tokens, limit))
+            ids, slots = [i % vocab for i in range(n)], list(range(n))
+            self.forward(ForwardBatch.build([(ids[:-1], 0, slots[:-1])], self.device))
+            self.forward(ForwardBatch.build([(ids[-1:], n - 1, slots)], self.device))
+        self._sync()
+        return time.perf_counter() - start
+
+    @torch.no_grad()
     def execute(self, plan: StepPlan) -> StepResult:
         start = time.perf_counter()
         logits = self.forward_logits(plan)                               # [B, V]

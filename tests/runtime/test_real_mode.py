@@ -61,3 +61,18 @@ def test_replayed_step_times_reproduce_the_real_plans(capacity):
                     progress=False, record_plans=True).run(specs)
     assert sim.steps.plan_signatures == real.steps.plan_signatures
     assert sim.steps.columns["num_retractions"] == real.steps.columns["num_retractions"]
+
+
+def test_warmup_leaves_serving_unchanged():
+    """Warm-up writes KV only into slots nobody owns yet: the same requests give the same tokens."""
+    cfg = compose_config(["mode=real"] + TINY + ["kv.capacity_tokens=4000"])
+    specs = all_at_once(instantiate(cfg.workload).requests())
+    outputs = []
+    for warm in (False, True):
+        core = build_core(cfg)
+        runner = ModelRunner(dict(core.model.hf_config), core.kv_capacity_tokens, device="cpu", dtype="float32")
+        if warm:
+            assert runner.warmup([300, 64]) > 0
+        done = RealDriver(core.scheduler, runner.execute, progress=False).run(specs)
+        outputs.append({r.rid: r.output_ids for r in done.requests})
+    assert outputs[0] == outputs[1]
