@@ -22,7 +22,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kernels.fused_moe.activation import _silu_and_mul_kernel
+from kernels.small_ops.triton_act import _silu_and_mul_kernel
 from kernels.fused_moe.align import _align_count_kernel, _align_prefix_kernel, _align_scatter_kernel
 from kernels.fused_moe.config import FP8_GROUP, default_config, fit_config, split_config
 from kernels.fused_moe.gemm import _moe_gemm_kernel
@@ -108,7 +108,7 @@ def helper_kernels() -> list[tuple[str, object]]:
             "stride_xm": i32, "stride_qm": i32, "stride_sm": i32},
             {"GROUP": 128, "QMAX": 448.0, "FLOOR": 1e-10}, 1)),
         ("silu_and_mul", lambda: compile_kernel(_silu_and_mul_kernel, {
-            "x_ptr": "*bf16", "out_ptr": "*bf16", "inter": i32, "stride_xm": i32, "stride_om": i32},
+            "x_ptr": "*bf16", "out_ptr": "*bf16", "stride_x": i32, "stride_out": i32, "inter": i32},
             {"BLOCK": 1024}, 4)),
     ]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from kernels.fused_moe.activation import silu_and_mul
+from kernels.small_ops.triton_act import silu_and_mul_triton as silu_and_mul
 from kernels.fused_moe.align import moe_align_block_size
 from kernels.fused_moe.config import FP8_GROUP, dtype_name, fit_config, get_config, split_config
 from kernels.fused_moe.gemm import invoke_moe_gemm
