@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 
+from experiments.bench_decode_step import time_ms
 from experiments.bench_real_decode import decode_plan
 from runtime.core.batch import StepPlan
 from runtime.core.cache.allocator import KVSlotAllocator
@@ -59,16 +59,6 @@ def from_plan_lists(plan: StepPlan, device: str) -> ForwardBatch:
         seq_lens_cpu=seq_lens, prefix_lens_cpu=prefix_lens, extend_lens_cpu=extend_lens)
 
 
-def median_ms(fn, repeats: int) -> float:
-    fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(samples)
-
-
 def check_same(a: ForwardBatch, b: ForwardBatch) -> None:
     for name in FIELDS:
         x, y = getattr(a, name), getattr(b, name)
@@ -90,8 +80,8 @@ def main() -> None:
         for batch in args.batch:
             plan = decode_plan(batch, context, KVSlotAllocator(batch * context + 16), args.vocab)
             check_same(ForwardBatch.from_plan(plan, "cpu"), from_plan_lists(plan, "cpu"))
-            old = median_ms(lambda: from_plan_lists(plan, "cpu"), args.repeats)
-            new = median_ms(lambda: ForwardBatch.from_plan(plan, "cpu"), args.repeats)
+            old = statistics.median(time_ms(lambda: from_plan_lists(plan, "cpu"), args.repeats, warmup=1))
+            new = statistics.median(time_ms(lambda: ForwardBatch.from_plan(plan, "cpu"), args.repeats, warmup=1))
             print(f"{batch:5d}  {context:7d}  {batch * context:9d}  {old:8.2f}  {new:8.2f}  {old / new:6.2f}x")
 
 

@@ -14,9 +14,6 @@ from runtime.core.request import Request
 from sim.costmodel.base import CostModel, StepShape
 
 
-_MASK64 = (1 << 64) - 1
-
-
 def simulated_tokens(req: Request, first_index: int, num_tokens: int, vocab_size: int) -> list[int]:
     """Output tokens first_index.. of `req`: the trace's own tokens where known, else a
     splitmix64 hash of (crc32(rid), index) -- deterministic across processes and runs."""
@@ -26,11 +23,6 @@ def simulated_tokens(req: Request, first_index: int, num_tokens: int, vocab_size
     if missing <= 0:
         return known
     start = first_index + len(known)
-    if missing == 1:                           # the per-step path: plain ints are faster than numpy
-        x = (start + (zlib.crc32(req.rid.encode()) << 20) + 0x9E3779B97F4A7C15) & _MASK64
-        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-        return known + [(x ^ (x >> 31)) % vocab_size]
     x = np.arange(start, start + missing, dtype=np.uint64) + np.uint64(zlib.crc32(req.rid.encode()) << 20)
     with np.errstate(over="ignore"):
         x = x + np.uint64(0x9E3779B97F4A7C15)

@@ -13,12 +13,13 @@ from __future__ import annotations
 import argparse
 import csv
 import os
-import statistics
 import sys
 import traceback
 
 import torch
 import triton
+
+from kernels.event_timing import median_event_ms
 
 from kernels.mla_attention.ref import mla_decode_ref
 from kernels.mla_attention.triton_decode import (
@@ -41,22 +42,6 @@ FIELDS = ["impl", "heads", "batch", "kv_len", "ms", "gbps", "frac_of_copy_bw", "
 def decode_bytes(batch: int, kv_len: int, heads: int) -> int:
     kv = batch * kv_len * (LATENT_DIM + ROPE_DIM) * 2
     return kv + batch * heads * (LATENT_DIM + ROPE_DIM) * 2 + batch * heads * LATENT_DIM * 2
-
-
-def time_ms(fn, iters: int, flush: torch.Tensor) -> float:
-    """Median over `iters` calls, each timed by CUDA events right after an L2 flush."""
-    fn()                                              # warm-up / compile
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        flush.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def make_inputs(batch: int, kv_len: int, heads: int, seed: int = 0, device: str = "cuda"):
@@ -92,7 +77,7 @@ def bench_case(batch, kv_len, heads, iters, sweep, flush, mla, device="cuda") ->
     def attempt(impl, fn):
         try:
             outputs[impl] = fn()
-            rows.append(row(impl, heads, batch, kv_len, time_ms(fn, iters, flush)))
+            rows.append(row(impl, heads, batch, kv_len, median_event_ms(fn, iters, flush)))
         except Exception as exc:   # one failing implementation must not stop the sweep
             print(f"  {impl}: FAILED {type(exc).__name__}: {str(exc).splitlines()[0][:200]}", file=sys.stderr)
             traceback.print_exc(limit=2, file=sys.stderr)

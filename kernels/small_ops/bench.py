@@ -11,10 +11,11 @@ from __future__ import annotations
 import argparse
 import csv
 import os
-import statistics
 import sys
 
 import torch
+
+from kernels.event_timing import median_event_ms
 
 from kernels.small_ops import ref
 from kernels.small_ops.rope_cache import deepseek_yarn_cos_sin_cache
@@ -26,21 +27,6 @@ from kernels.small_ops.triton_rope import rope_triton
 COPY_BW_BYTES_S = 4.24e12
 HIDDEN, INTER, HEADS, ROPE_DIM, LATENT_DIM, NUM_SLOTS = 7168, 2048, 128, 64, 512, 1 << 20
 FIELDS = ["op", "impl", "tokens", "width", "us", "gbps", "frac_of_copy_bw"]
-
-
-def time_us(fn, iters: int, flush: torch.Tensor) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        flush.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
 
 
 def op_cases(tokens: int, cache: torch.Tensor, pool: torch.Tensor, device: str = "cuda"):
@@ -99,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
         for op, width, num_bytes, impls in op_cases(tokens, cache, pool):
             for impl, fn in impls.items():
                 try:
-                    us = time_us(fn, iters, flush)
+                    us = median_event_ms(fn, iters, flush) * 1e3
                 except Exception as exc:   # keep going: one failing impl must not stop the bench
                     print(f"{op} {impl} T={tokens}: FAILED {exc!r}"[:300], file=sys.stderr)
                     continue
