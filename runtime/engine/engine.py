@@ -56,10 +56,16 @@ class Engine:
             self._tokenizer = load_tokenizer(self.cfg.tokenizer.path, self.core.model.vocab_size)
         return self._tokenizer
 
+    def _has_tokenizer(self) -> bool:
+        """A local tokenizer is configured, or the model's vocabulary holds the byte tokenizer's."""
+        return self.cfg.tokenizer.path is not None or self.core.model.vocab_size >= 259
+
     def _stop_ids(self) -> tuple[int, ...]:
+        """The model's eos ids plus the tokenizer's: the same set on every call (the tokenizer is
+        loaded here if need be, not only once a result is first decoded)."""
         ids = set(self.core.model.eos_token_ids)
-        if self._tokenizer is not None and self._tokenizer.eos_token_id is not None:
-            ids.add(self._tokenizer.eos_token_id)
+        if self._has_tokenizer() and self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
         return tuple(sorted(ids))
 
     def generate(self, prompts: str | Sequence[str] | None = None,
@@ -100,7 +106,7 @@ class Engine:
 
     def _result(self, req) -> dict[str, Any]:
         text = None
-        if self._tokenizer is not None or self.core.model.vocab_size >= 259:
+        if self._has_tokenizer():
             text = self.tokenizer.decode(req.output_ids)
         return {
             "text": text,

@@ -50,3 +50,17 @@ def test_bad_sampling_params_name_the_valid_ones():
         to_sampling_params({"max_tokens": 3})
     with pytest.raises(ValueError, match="top_p"):
         to_sampling_params({"top_p": 0.0})
+
+
+def test_stop_tokens_are_the_same_on_every_call():
+    """The tokenizer's eos is a stop token from the first call on, not only once a first result
+    was decoded (which loads the tokenizer): two identical calls stop on the same set."""
+    engine = Engine(compose_config(["mode=real", "model=tiny_mla_moe", "hardware=cpu", "real.device=cpu",
+                                    "real.dtype=float32", "kv.capacity_tokens=2048"]))
+    before = engine._stop_ids()
+    assert engine.tokenizer.eos_token_id in before
+    greedy = {"max_new_tokens": 4, "temperature": 0.0}
+    first = engine.generate(input_ids=[5, 17, 99, 3], sampling_params=greedy)
+    second = engine.generate(input_ids=[5, 17, 99, 3], sampling_params=greedy)
+    assert engine._stop_ids() == before
+    assert first["token_ids"] == second["token_ids"]
