@@ -71,6 +71,7 @@ class RunConfig:
     eviction: Any = MISSING
     workload: Any = MISSING
     costmodel: Any = MISSING
+    router: Any = MISSING
     real: RealSchema = field(default_factory=RealSchema)
     tokenizer: TokenizerSchema = field(default_factory=TokenizerSchema)
     scheduler: Any = field(default_factory=SchedulerSchema)

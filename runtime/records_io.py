@@ -1,5 +1,5 @@
 """Writes and reads a run's records: requests.parquet, steps.parquet, summary.json (same schema
-in every mode). Torch-free.
+in every mode), and has experiments/plots.py draw the run. Torch-free.
 """
 from __future__ import annotations
 
@@ -21,12 +21,17 @@ def steps_frame(steps: StepLog) -> pd.DataFrame:
     return pd.DataFrame(steps.columns, columns=list(STEP_COLUMNS))
 
 
-def write_run(out_dir: str | Path, requests: pd.DataFrame, steps: pd.DataFrame, summary: dict) -> Path:
+def write_run(out_dir: str | Path, requests: pd.DataFrame, steps: pd.DataFrame, summary: dict,
+              plots: bool = True) -> Path:
+    """The three record files, then (unless `plots=False`) the run's PNGs and report.md."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     requests.to_parquet(out / "requests.parquet", index=False)
     steps.to_parquet(out / "steps.parquet", index=False)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    if plots:
+        from experiments.plots import plot_run   # matplotlib, loaded only when a run is written
+        plot_run(out, requests, steps, summary)
     return out
 
 

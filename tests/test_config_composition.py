@@ -12,7 +12,7 @@ from experiments.compose import CONF_DIR, compose_config
 from runtime.build import build_core
 from tests.experiments.trace_files import default_traces
 
-GROUPS = ["mode", "model", "hardware", "policy", "eviction", "workload", "costmodel"]
+GROUPS = ["mode", "model", "hardware", "policy", "eviction", "workload", "costmodel", "router"]
 OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF_DIR / g).glob("*.yaml"))]
 
 
@@ -43,6 +43,8 @@ def test_every_option_composes_and_instantiates(group, option, tmp_path):
     if group == "workload":
         assert len(obj.requests()) > 0
     assert obj is not None
+    if group == "router":
+        assert obj(num_replicas=2).num_replicas == 2
     if group == "costmodel":
         core = build_core(cfg)
         model = obj(model=core.model, hardware=core.hardware, layout=core.layout)

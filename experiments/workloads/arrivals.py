@@ -15,6 +15,17 @@ def rng_for(seed: int, purpose: str) -> np.random.Generator:
     return np.random.default_rng([seed & 0xFFFFFFFF, seed >> 32 & 0xFFFFFFFF, zlib.crc32(purpose.encode())])
 
 
+def parse_rate(value: float | int | str) -> float:
+    """A request rate in req/s as float. Accepts YAML's spellings of infinity as strings too
+    (`.inf`, `+.inf`), which a Hydra command-line override passes through unparsed."""
+    if isinstance(value, str) and value.strip().lower().lstrip("+") in (".inf", "inf", "infinity"):
+        return math.inf
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"request_rate must be a number of req/s or inf, got {value!r}") from None
+
+
 def check_arrival_args(request_rate: float, burstiness: float = 1.0) -> None:
     """ValueError unless request_rate > 0 (inf allowed) and burstiness is finite and > 0."""
     if not request_rate > 0:

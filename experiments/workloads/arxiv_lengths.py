@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from experiments.workloads.arrivals import check_arrival_args, gamma_arrivals_s, rng_for
+from experiments.workloads.arrivals import check_arrival_args, gamma_arrivals_s, parse_rate, rng_for
 from experiments.workloads.base import check_common_args, clamp_output_len, rid_width, sorted_specs
 from experiments.workloads.paths import resolve_trace_path
 from experiments.workloads.tokens import random_prompts
@@ -47,10 +47,10 @@ class ArxivWorkload:
                  request_rate: float = 1.0, num_requests: int | None = 256, time_scale: float = 1.0,
                  seed: int = 0) -> None:
         check_common_args(num_requests, time_scale, vocab_size)
-        check_arrival_args(float(request_rate))
+        check_arrival_args(parse_rate(request_rate))
         self.path = resolve_trace_path(path)
         self.vocab_size = vocab_size
-        self.request_rate = float(request_rate)
+        self.request_rate = parse_rate(request_rate)
         self.num_requests = num_requests
         self.time_scale = float(time_scale)
         self.seed = seed

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from experiments.workloads.arrivals import check_arrival_args, gamma_arrivals_s, rng_for
+from experiments.workloads.arrivals import check_arrival_args, gamma_arrivals_s, parse_rate, rng_for
 from experiments.workloads.base import check_common_args, rid_width, sorted_specs
 from experiments.workloads.tokens import check_length_args, random_prompts, uniform_lengths
 from runtime.core.request import RequestSpec
@@ -29,12 +29,12 @@ class RandomWorkload:
         check_common_args(num_requests, time_scale, vocab_size)
         check_length_args(input_len, range_ratio)
         check_length_args(output_len, range_ratio)
-        check_arrival_args(float(request_rate), float(burstiness))
+        check_arrival_args(parse_rate(request_rate), float(burstiness))
         self.vocab_size = vocab_size
         self.input_len = input_len
         self.output_len = output_len
         self.range_ratio = float(range_ratio)
-        self.request_rate = float(request_rate)
+        self.request_rate = parse_rate(request_rate)
         self.burstiness = float(burstiness)
         self.num_requests = DEFAULT_NUM_REQUESTS if num_requests is None else num_requests
         self.time_scale = float(time_scale)

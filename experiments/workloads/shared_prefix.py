@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from experiments.workloads.arrivals import check_arrival_args, gamma_arrivals_s, rng_for
+from experiments.workloads.arrivals import check_arrival_args, gamma_arrivals_s, parse_rate, rng_for
 from experiments.workloads.base import check_common_args, rid_width, sorted_specs
 from experiments.workloads.tokens import check_length_args, random_prompts, uniform_lengths
 from runtime.core.request import RequestSpec
@@ -45,7 +45,7 @@ class SharedPrefixWorkload:
         self.question_len = question_len
         self.output_len = output_len
         self.range_ratio = float(range_ratio)
-        self.request_rate = float(request_rate)
+        self.request_rate = parse_rate(request_rate)
         self.num_requests = num_requests
         self.time_scale = float(time_scale)
         self.seed = seed
