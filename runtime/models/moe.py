@@ -38,8 +38,13 @@ def select_experts(
     else:
         raise NotImplementedError(f"scoring_func {scoring_func!r}")
     choice = scores if correction_bias is None else scores + correction_bias.float()
-    if topk_method in ("group_limited_greedy", "noaux_tc") and n_group > 1:
-        choice = _mask_to_best_groups(choice, n_group, topk_group, by_top2_sum=topk_method == "noaux_tc")
+    if topk_method == "group_limited_greedy" and n_group > 1:
+        # DeepSeek-V2: experts outside the kept groups score 0 and weigh 0, also when top_k exceeds
+        # what the kept groups hold (HF DeepseekV2MoEGate, SGLang grouped_topk)
+        scores = _mask_to_best_groups(scores, n_group, topk_group, by_top2_sum=False, fill=0.0)
+        choice = scores
+    elif topk_method == "noaux_tc" and n_group > 1:
+        choice = _mask_to_best_groups(choice, n_group, topk_group, by_top2_sum=True)
     elif topk_method not in ("greedy", "group_limited_greedy", "noaux_tc"):
         raise NotImplementedError(f"topk_method {topk_method!r}")
     topk_ids = torch.topk(choice, k=top_k, dim=-1, sorted=False).indices   # [T, K]
@@ -52,15 +57,15 @@ def select_experts(
 
 
 def _mask_to_best_groups(choice: torch.Tensor, n_group: int, topk_group: int,
-                         by_top2_sum: bool) -> torch.Tensor:
+                         by_top2_sum: bool, fill: float = float("-inf")) -> torch.Tensor:
     """Keep the experts of the topk_group best groups (group score: max, or sum of the top 2 for
-    noaux_tc); the others get -inf so top-k never picks them."""
+    noaux_tc); the others get `fill` (-inf: top-k never picks them while kept experts remain)."""
     num_tokens, num_experts = choice.shape
     grouped = choice.view(num_tokens, n_group, num_experts // n_group)          # [T, G, E/G]
     group_scores = grouped.topk(2, dim=-1).values.sum(-1) if by_top2_sum else grouped.max(-1).values
     best = torch.topk(group_scores, k=topk_group, dim=-1, sorted=False).indices  # [T, topk_group]
     keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
-    return grouped.masked_fill(~keep[:, :, None], float("-inf")).view(num_tokens, num_experts)
+    return grouped.masked_fill(~keep[:, :, None], fill).view(num_tokens, num_experts)
 
 
 class TopKRouter(nn.Module):
