@@ -5,18 +5,25 @@
 """
 from __future__ import annotations
 
+import sys
+
 import hydra
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from runtime.config_schema import register_schemas
+from runtime.core.layout import LayoutError
 
 register_schemas()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    instantiate(cfg.mode)(cfg)
+    try:
+        instantiate(cfg.mode)(cfg)
+    except LayoutError as err:      # a layout the model or GPU cannot take: one line, no traceback
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from runtime.core.hardware import HardwareSpec
-from runtime.core.layout import ParallelLayout, kv_capacity_tokens, valid_tp_sizes
+from runtime.core.layout import (LayoutError, ParallelLayout, kv_capacity_tokens, valid_tp_sizes,
+                                 weight_bytes_per_gpu)
 from runtime.core.model_spec import ModelSpec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -118,3 +119,37 @@ def test_mem_fraction_bounds(h200: HardwareSpec) -> None:
     with pytest.raises(ValueError, match="mem_fraction_static"):
         kv_capacity_tokens(load("model", "llama3_8b"), h200, ParallelLayout(),
                            mem_fraction_static=1.5)
+
+
+def test_layout_errors_are_one_line_layout_errors() -> None:
+    v2 = load("model", "deepseek_v2_lite")
+    for bad in (ParallelLayout(tp=3), ParallelLayout(tp=4, ep=3), ParallelLayout(pp=2),
+                ParallelLayout(tp=8, dp=3, dp_attention=True)):
+        with pytest.raises(LayoutError) as err:
+            bad.validate(v2)
+        assert "\n" not in str(err.value) and "valid" in str(err.value)
+
+
+def test_dp_attention_puts_dp_inside_tp() -> None:
+    v2 = load("model", "deepseek_v2_lite")
+    layout = ParallelLayout(tp=8, dp=4, dp_attention=True)
+    layout.validate(v2)
+    assert layout.num_gpus == 8 and layout.attention_tp == 2
+    assert ParallelLayout(tp=8, dp=4).num_gpus == 32 and ParallelLayout(tp=8, dp=4).attention_tp == 8
+    with pytest.raises(LayoutError, match=r"dp=3 does not divide tp=8 .*valid dp: 1, 2, 4, 8$"):
+        ParallelLayout(tp=8, dp=3, dp_attention=True).validate(v2)
+
+
+def test_dp_attention_capacity_per_attention_rank(h200: HardwareSpec) -> None:
+    """MLA caches the latent on every rank, so per-GPU KV per token does not shrink with tp; with
+    dp attention each rank holds its own requests, and the attention weights are replicated."""
+    v3 = load("model", "deepseek_v3")
+    tp8 = ParallelLayout(tp=8)
+    dpa = ParallelLayout(tp=8, dp=8, dp_attention=True)
+    assert weight_bytes_per_gpu(v3, dpa) > weight_bytes_per_gpu(v3, tp8) == v3.weight_bytes_per_gpu(tp8)
+    per_rank = kv_capacity_tokens(v3, h200, dpa)
+    assert 0.8 * kv_capacity_tokens(v3, h200, tp8) < per_rank < kv_capacity_tokens(v3, h200, tp8)
+    llama = load("model", "llama3_8b")         # GQA: KV heads split attention_tp ways, not tp
+    gqa = kv_capacity_tokens(llama, h200, ParallelLayout(tp=8, dp=4, dp_attention=True))
+    assert gqa < kv_capacity_tokens(llama, h200, ParallelLayout(tp=8))
+    assert gqa > kv_capacity_tokens(llama, h200, ParallelLayout(tp=2))

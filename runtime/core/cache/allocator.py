@@ -19,7 +19,10 @@ class KVSlotAllocator:
     State: a LIFO free list of page indices (pages freed last are reused first, in the order they
     were passed to `free`) and one byte per page (1 = allocated, a numpy array so that large
     allocations and frees mark their pages at C speed) for double-free detection.
-    Initially pages come out in ascending order.
+    Initially pages come out in ascending order. Pages never handed out yet are not listed: they
+    sit below the free list as the range [fresh_page, num_pages), taken in ascending order once
+    the list is empty (the same order a full list would give, without a Python int per page --
+    a simulated H200 holds millions of slots, and dp replicas each hold their own allocator).
     With page_size == 1 a page index *is* a slot index, so allocation is one list slice.
     """
 
@@ -31,6 +34,7 @@ class KVSlotAllocator:
         self.page_size: int = page_size
         self.num_pages: int = num_slots // page_size
         self._free_pages: list[int] = []
+        self._fresh_page = 0
         self._page_allocated = np.zeros(self.num_pages, dtype=np.uint8)
         self.reset()
 
@@ -41,11 +45,11 @@ class KVSlotAllocator:
 
     @property
     def num_free_pages(self) -> int:
-        return len(self._free_pages)
+        return len(self._free_pages) + self.num_pages - self._fresh_page
 
     @property
     def num_free_slots(self) -> int:
-        return len(self._free_pages) * self.page_size
+        return self.num_free_pages * self.page_size
 
     @property
     def num_used_slots(self) -> int:
@@ -67,7 +71,7 @@ class KVSlotAllocator:
         return -(-(start_pos + num_tokens) // ps) - -(-start_pos // ps)
 
     def can_allocate(self, start_pos: int, num_tokens: int) -> bool:
-        return self.num_pages_needed(start_pos, num_tokens) <= len(self._free_pages)
+        return self.num_pages_needed(start_pos, num_tokens) <= self.num_free_pages
 
     def allocate(self, start_pos: int, num_tokens: int, last_slot: int | None) -> list[int]:
         """Slots for positions start_pos .. start_pos+num_tokens-1 of one sequence.
@@ -77,10 +81,10 @@ class KVSlotAllocator:
         list. MemoryError if there are not enough free pages; then nothing is allocated.
         """
         needed_pages = self.num_pages_needed(start_pos, num_tokens)
-        if needed_pages > len(self._free_pages):
+        if needed_pages > self.num_free_pages:
             raise MemoryError(
                 f"KV slot allocator out of memory: {num_tokens} tokens at position {start_pos} need "
-                f"{needed_pages} pages of {self.page_size} slots, only {len(self._free_pages)} free"
+                f"{needed_pages} pages of {self.page_size} slots, only {self.num_free_pages} free"
             )
         if num_tokens == 0:
             return []
@@ -109,13 +113,18 @@ class KVSlotAllocator:
         return list(range(last_slot + 1, last_slot + 1 + num_in_page))
 
     def _take_pages(self, num_pages: int) -> list[int]:
-        """Pop `num_pages` pages off the free list (C-speed slice) and mark them allocated."""
+        """Pop `num_pages` pages off the free list (C-speed slice), then off the never-used
+        range, and mark them allocated."""
         if num_pages == 0:
             return []
         free = self._free_pages
         pages = free[-num_pages:]
         del free[-num_pages:]
         pages.reverse()
+        fresh = num_pages - len(pages)
+        if fresh:
+            pages.extend(range(self._fresh_page, self._fresh_page + fresh))
+            self._fresh_page += fresh
         allocated = self._page_allocated
         if num_pages >= _VECTOR_MIN:
             allocated[np.array(pages)] = 1
@@ -161,7 +170,8 @@ class KVSlotAllocator:
 
     def reset(self) -> None:
         """Free everything; the next allocations come out in ascending order again."""
-        self._free_pages = list(range(self.num_pages - 1, -1, -1))
+        self._free_pages = []
+        self._fresh_page = 0
         self._page_allocated = np.zeros(self.num_pages, dtype=np.uint8)
 
     def _check_range(self, low_slot: int, high_slot: int) -> None:
