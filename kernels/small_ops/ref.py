@@ -35,6 +35,14 @@ def silu_and_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:   # [T, 2I] -> [T, 
     return (F.silu(gate) * up).to(gate_up.dtype)
 
 
+def silu_and_mul_gated_ref(gate_up: torch.Tensor, gate_logit: torch.Tensor) -> torch.Tensor:   # -> [T, I]
+    """silu(gate) * up * sigmoid(gate_logit[t]) per token t (gate_logit [T, 1]): Qwen2-MoE's shared expert
+    activation with its sigmoid gate folded in before the (linear, bias-free) down projection."""
+    inter = gate_up.shape[-1] // 2
+    gate, up = gate_up[..., :inter].float(), gate_up[..., inter:].float()
+    return (F.silu(gate) * up * torch.sigmoid(gate_logit.float().reshape(-1, 1))).to(gate_up.dtype)
+
+
 def rope_ref(
     positions: torch.Tensor,       # [T] int
     x: torch.Tensor,               # [T, N, R] (or [T, R] for one head)

@@ -1,4 +1,5 @@
-"""The CUDA fast path of the model runner: an MLA attention backend on FlashInfer (Triton fallback), the
+"""The CUDA fast path of the model runner: an MLA attention backend on FlashInfer (Triton fallback; the GQA
+backend of Llama / Qwen2-MoE is runtime/engine/gqa_backend.py), the
 Triton fused MoE behind `set_experts_fn`, Triton small ops (add + RMSNorm, SiLU-and-mul, rotary) behind
 `CausalLM.small_ops`, and switches back to the torch reference (benchmarks, tests).
 
@@ -17,6 +18,7 @@ import torch
 from torch import nn
 
 from runtime.engine.forward_batch import ForwardBatch
+from runtime.engine.gqa_backend import FastGQABackend, choose_gqa_kernel, gqa_shape
 from runtime.engine.kv_pool import MHAKVPool, MLAKVPool
 from runtime.models.attention_backend import TorchAttentionBackend
 from runtime.models.base import CausalLM
@@ -38,7 +40,7 @@ class FastPathConfig:
     cuda_graph: bool = True              # capture decode steps (MLA models with the fast path only)
     cuda_graph_max_bs: int = 256         # largest captured decode batch; larger batches run eagerly
     cuda_graph_batch_sizes: tuple[int, ...] | None = None   # explicit sizes (benchmarks); None = the grid
-    mla_kernel: str = "auto"             # auto (FlashInfer when importable) | flashinfer | triton
+    mla_kernel: str = "auto"             # attention kernel, MLA and GQA: auto (FlashInfer when importable) | flashinfer | triton
     fused_small_ops: bool = True         # Triton add+RMSNorm / RMSNorm / SiLU-and-mul / rotary in the model
     progress: bool = True                # tqdm bar during capture
 
@@ -174,11 +176,13 @@ class FusedSmallOps:
 
     def __init__(self, model: CausalLM) -> None:
         from kernels.small_ops.triton_act import silu_and_mul_triton
+        from kernels.small_ops.triton_gated_act import silu_and_mul_gated_triton
         from kernels.small_ops.triton_norm import fused_add_rmsnorm_triton, rmsnorm_triton
         from kernels.small_ops.triton_rope import rope_triton
 
         self._rmsnorm, self._add_rmsnorm = rmsnorm_triton, fused_add_rmsnorm_triton
         self._silu_and_mul, self._rope = silu_and_mul_triton, rope_triton
+        self._silu_and_mul_gated = silu_and_mul_gated_triton
         self.cos_sin_cache = model.rotary.cos_sin_cache(model.config.max_position_embeddings)   # [P, R] fp32
 
     def rmsnorm(self, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
@@ -191,6 +195,9 @@ class FusedSmallOps:
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         return self._silu_and_mul(gate_up)
 
+    def silu_and_mul_gated(self, gate_up: torch.Tensor, gate_logit: torch.Tensor) -> torch.Tensor:
+        return self._silu_and_mul_gated(gate_up, gate_logit)
+
     def rope(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, interleaved: bool,
              q_out: torch.Tensor | None = None) -> None:
         self._rope(positions, q, k, self.cos_sin_cache, not interleaved, q_out=q_out)
@@ -201,21 +208,25 @@ def has_moe(model: nn.Module) -> bool:
 
 
 def enable_fast_path(model: nn.Module, config: ModelConfig, dtype: torch.dtype, device: torch.device,
-                     mla_kernel: str = "auto", fused_small_ops: bool = True) -> FastMLABackend | None:
+                     mla_kernel: str = "auto", fused_small_ops: bool = True) -> FastMLABackend | FastGQABackend | None:
     """On CUDA: route MoE layers through the Triton fused MoE, the small ops through FusedSmallOps (if
-    asked), and return the MLA backend (None for non-MLA models, whose attention stays the torch
-    reference). On CPU: change nothing, return None."""
+    asked), and return the attention backend: FastMLABackend for MLA models, FastGQABackend (FlashInfer
+    paged GQA, Triton fallback; `mla_kernel` picks between them the same way) for MHA/GQA models.
+    On CPU: change nothing, return None."""
     if device.type != "cuda":
         return None
     if fused_small_ops:
         model.small_ops = FusedSmallOps(model)
         for router in (m for m in model.modules() if isinstance(m, TopKRouter)):
             router.weight_f32()                  # allocate now, not inside a graph warm-up
+        for moe in (m for m in model.modules() if isinstance(m, MoE)):
+            moe.fused_router_weight()
     if has_moe(model):
         from kernels.fused_moe.fused_moe_triton import fused_moe
         set_experts_fn(model, fused_moe)
     if not config.use_mla:
-        return None
+        shape = gqa_shape(model, dtype)
+        return FastGQABackend(shape, choose_gqa_kernel(mla_kernel, shape), device)
     shape = mla_shape(model, dtype)
     return FastMLABackend(shape, choose_mla_kernel(mla_kernel, shape), device)
 

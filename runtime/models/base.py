@@ -35,7 +35,7 @@ class StepContext:
     fb: ForwardBatch
     pool: KVPool
     backend: AttentionBackend
-    cos: torch.Tensor | None   # [T, R/2]; None when fused ops rotate from positions (MLA)
+    cos: torch.Tensor | None   # [T, R/2]; None when fused ops rotate from positions
     sin: torch.Tensor | None   # [T, R/2]
     ops: SmallOps | None = None   # fused small ops; None = the torch reference
 
@@ -117,9 +117,8 @@ class CausalLM(nn.Module):
 
     def _hidden_states_fused(self, fb: ForwardBatch, pool: KVPool, backend: AttentionBackend,
                              ops: SmallOps) -> torch.Tensor:
-        # MLA layers rotate from positions inside the fused kernel; MHA layers still read cos/sin
-        cos, sin = (None, None) if self.config.use_mla else self.rotary.cos_sin(fb.positions)
-        ctx = StepContext(fb, pool, backend, cos, sin, ops)
+        # every family's fused attention rotates q/k from positions through ops.rope (cos/sin table)
+        ctx = StepContext(fb, pool, backend, None, None, ops)
         x, residual = self.model.embed_tokens(fb.input_ids), None     # [T, H]
         for layer in self.model.layers:
             x, residual = layer.forward_fused(x, residual, ctx, ops)

@@ -81,6 +81,9 @@ class SmallOps(Protocol):
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """[T, 2I] -> [T, I]."""
 
+    def silu_and_mul_gated(self, gate_up: torch.Tensor, gate_logit: torch.Tensor) -> torch.Tensor:
+        """[T, 2I], gate_logit [T, 1] -> [T, I] = silu(gate) * up * sigmoid(gate_logit)."""
+
     def rope(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, interleaved: bool,
              q_out: torch.Tensor | None = None) -> None:
         """Rotate q [T, N, R] (into q_out when given) and k [T, R] or [T, N, R] in place, at positions [T]."""
@@ -106,6 +109,14 @@ class GatedMLP(nn.Module):
         act = ops.silu_and_mul(self.gate_up_proj(x))                     # [T, I]
         if self.down_proj.bias is not None:
             return out + self.down_proj(act)
+        return out.addmm_(act, self.down_proj.weight.t())
+
+    def forward_add_gated(self, x: torch.Tensor, out: torch.Tensor, ops: SmallOps,
+                          gate_logit: torch.Tensor) -> torch.Tensor:
+        """out + sigmoid(gate_logit) * mlp(x) [T, H] (gate_logit [T, 1]); overwrites out. The sigmoid scales
+        the activation rows (down is linear), so the add still rides in the down GEMM. Needs no down bias."""
+        assert self.down_proj.bias is None, "the gate can only move before a bias-free down projection"
+        act = ops.silu_and_mul_gated(self.gate_up_proj(x), gate_logit)   # [T, I]
         return out.addmm_(act, self.down_proj.weight.t())
 
 

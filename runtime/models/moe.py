@@ -97,6 +97,10 @@ class TopKRouter(nn.Module):
             logits = x.float() @ self.weight_f32().t()                      # [T, E]
         else:
             logits = x.float() @ self.weight.float().t()                    # [T, E]
+        return self.select(logits)
+
+    def select(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-k of float32 router logits [T, E] (rows may be strided) as this router's config chooses."""
         cfg = self.config
         return select_experts(
             logits, cfg.num_experts_per_tok, cfg.scoring_func, cfg.topk_method, cfg.n_group,
@@ -156,6 +160,7 @@ class MoE(nn.Module):
         if config.shared_expert_intermediate_size:  # Qwen2-MoE: scaled by sigmoid(gate x)
             self.shared_expert = GatedMLP(hidden, config.shared_expert_intermediate_size, False, dtype, device)
             self.shared_expert_gate = Linear(hidden, 1, False, dtype, device)
+        self._fused_router_weight: torch.Tensor | None = None   # fast path: router (+ shared gate) in float32
 
     def forward(self, x: torch.Tensor, ops: SmallOps | None = None) -> torch.Tensor:   # [T, H] -> [T, H]
         if ops is not None:
@@ -169,15 +174,36 @@ class MoE(nn.Module):
         return out
 
     def _forward_fused(self, x: torch.Tensor, ops: SmallOps) -> torch.Tensor:
-        """Same sum; the router reads its cached float32 weight and DeepSeek's shared experts add
-        into the routed output inside their down GEMM (experts_fn must return a fresh tensor)."""
-        topk_weights, topk_ids = self.gate(x, cached_f32=True)    # [T, K], [T, K]
+        """Same sum; the router reads its cached float32 weight and the shared experts add into the routed
+        output inside their down GEMM (experts_fn must return a fresh tensor). Qwen2-MoE's shared-expert
+        gate is one more row of the router GEMM, and its sigmoid scales the activation before the down GEMM
+        (down is linear without bias), so the gated shared expert costs its two GEMMs and one fused kernel."""
+        if self.shared_expert is None:
+            topk_weights, topk_ids = self.gate(x, cached_f32=True)             # [T, K], [T, K]
+        else:
+            logits = x.float() @ self.fused_router_weight().t()                # [T, E + 1]
+            num_experts = self.experts.w13.shape[0]
+            topk_weights, topk_ids = self.gate.select(logits[:, :num_experts])
+            gate_logit = logits[:, num_experts:]                               # [T, 1] float32
         out = self.experts_fn(x, self.experts.w13, self.experts.w2, topk_weights, topk_ids)
         if self.shared_experts is not None:
             out = self.shared_experts.forward_add(x, out, ops)
         if self.shared_expert is not None:
-            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x, ops)
+            out = self.shared_expert.forward_add_gated(x, out, ops, gate_logit)
         return out
+
+    def fused_router_weight(self) -> torch.Tensor:
+        """[E (+1), H] float32, made once: the router weight, plus Qwen2-MoE's shared-expert gate row (the
+        fast path makes it before any graph capture; rebuilt after a weight load)."""
+        if self._fused_router_weight is None:
+            weight = self.gate.weight_f32()
+            if self.shared_expert_gate is not None:
+                weight = torch.cat([weight, self.shared_expert_gate.weight.float()], dim=0)
+            self._fused_router_weight = weight
+        return self._fused_router_weight
+
+    def post_load(self) -> None:
+        self._fused_router_weight = None
 
 
 def set_experts_fn(model: nn.Module, experts_fn: MoEFn) -> int:
