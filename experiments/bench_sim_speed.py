@@ -1,7 +1,8 @@
 """Simulator speed: the full Mooncake conversation trace (12,031 requests, ~59 min of traffic)
 with deepseek_v2_lite on h200, policy lpm. Prints simulated seconds per wall second.
 
-  python experiments/bench_sim_speed.py [--out experiments/results/cpu/sim_speed.csv] [overrides...]
+  python experiments/bench_sim_speed.py [overrides...]           # prints the row only
+  python experiments/bench_sim_speed.py --write [overrides...]   # also appends it to RESULTS_CSV
 """
 from __future__ import annotations
 
@@ -19,12 +20,14 @@ from runtime.build import build_core
 from sim.driver import SimDriver
 from sim.executor import SimExecutor
 
+RESULTS_CSV = "experiments/results/cpu/sim_speed.csv"   # committed results
 DEFAULTS = ["workload=mooncake_conversation", "model=deepseek_v2_lite", "hardware=h200", "policy=lpm"]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="experiments/results/cpu/sim_speed.csv")
+    parser.add_argument("--write", action="store_true", help=f"append the row to {RESULTS_CSV}")
+    parser.add_argument("--out", default=None, help="append the row to this CSV instead")
     parser.add_argument("--no-fast-forward", action="store_true", help="step every decode one by one")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides")
     args = parser.parse_args()
@@ -57,7 +60,9 @@ def main() -> None:
     }
     for key, value in row.items():
         print(f"{key:>22}: {value}")
-    out = Path(args.out)
+    if not (args.write or args.out):
+        return
+    out = Path(args.out or RESULTS_CSV)
     out.parent.mkdir(parents=True, exist_ok=True)
     new = not out.exists()
     with out.open("a", newline="") as f:
