@@ -58,6 +58,14 @@ class RealSchema:
 
 
 @dataclass
+class ServerSchema:
+    host: str = "127.0.0.1"                    # mode=serve: address the HTTP server binds
+    port: int = 30000
+    served_model_name: Optional[str] = None    # the `model` name clients send; null = model.name
+    startup_timeout_s: float = 1800.0          # wait for the scheduler process (weights, CUDA graphs)
+
+
+@dataclass
 class TokenizerSchema:
     path: Optional[str] = None           # a local Hugging Face tokenizer dir; null = built-in byte tokenizer
 
@@ -74,6 +82,7 @@ class RunConfig:
     router: Any = MISSING
     real: RealSchema = field(default_factory=RealSchema)
     tokenizer: TokenizerSchema = field(default_factory=TokenizerSchema)
+    server: ServerSchema = field(default_factory=ServerSchema)
     scheduler: Any = field(default_factory=SchedulerSchema)
     cache: CacheSchema = field(default_factory=CacheSchema)
     kv: KVSchema = field(default_factory=KVSchema)

@@ -1,0 +1,60 @@
+"""Operational endpoints: GET /health, GET /get_server_info, POST /flush_cache, POST /dump_records,
+GET /metrics (Prometheus text format)."""
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from runtime.server.errors import APIError
+
+router = APIRouter()
+
+
+@router.get("/health")
+async def health(http: Request):
+    if http.app.state.manager.dead:
+        return PlainTextResponse("scheduler process not running", status_code=503)
+    return PlainTextResponse("")
+
+
+@router.get("/get_server_info")
+async def server_info(http: Request):
+    s = http.app.state
+    reply = await s.manager.control("server_info")
+    return JSONResponse({**s.server_args, "served_model_name": s.model_name,
+                         "max_context_tokens": s.limits.max_context_tokens, "scheduler": reply.payload,
+                         "num_http_requests_in_flight": len(s.manager.states)})
+
+
+@router.post("/flush_cache")
+async def flush_cache(http: Request):
+    reply = await http.app.state.manager.control("flush_cache")
+    if not reply.ok:
+        raise APIError(f"cache not flushed: {reply.payload}", status=400, code="requests_in_flight")
+    return PlainTextResponse(f"Cache flushed: {reply.payload} tokens freed.\n")
+
+
+@router.post("/dump_records")
+async def dump_records(http: Request):
+    """Write requests.parquet, steps.parquet and summary.json of everything served so far into the
+    run directory (or `{"dir": ...}`); returns the directory and the summary."""
+    body = await http.body()
+    args = {}
+    if body.strip():
+        try:
+            import json
+            args = json.loads(body)
+        except ValueError as err:
+            raise APIError(f"request body is not valid JSON: {err}") from None
+        if not isinstance(args, dict) or not isinstance(args.get("dir", ""), str):
+            raise APIError("expected {\"dir\": \"path\"}", param="dir")
+    reply = await http.app.state.manager.control("dump_records", {"dir": args.get("dir")}, timeout_s=600.0)
+    if not reply.ok:
+        raise APIError(f"records not written: {reply.payload}", status=500)
+    return JSONResponse(reply.payload)
+
+
+@router.get("/metrics")
+async def metrics(http: Request):
+    return Response(http.app.state.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,60 @@
+"""The FastAPI application: OpenAI, native and control routes over one TokenizerManager; every
+refusal is an OpenAI-style JSON error (invalid JSON and wrong types included)."""
+from __future__ import annotations
+
+import time
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from runtime.server import control_api, native_api, openai_api
+from runtime.server.errors import APIError
+from runtime.server.input_processor import ModelLimits
+from runtime.server.outputs import ClientGone
+from runtime.server.server_metrics import ServerMetrics
+from runtime.server.tokenizer_manager import TokenizerManager
+
+
+def create_app(manager: TokenizerManager, metrics: ServerMetrics, model_name: str, limits: ModelLimits,
+               server_args: dict, on_startup=None, on_shutdown=None) -> FastAPI:
+    """`on_startup` / `on_shutdown`: async callables run in the lifespan (the launcher starts the
+    manager's receive loop and shuts the worker processes down there)."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if on_startup is not None:
+            await on_startup()
+        yield
+        if on_shutdown is not None:
+            await on_shutdown()
+
+    app = FastAPI(title="twinserve", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.manager, app.state.metrics, app.state.model_name = manager, metrics, model_name
+    app.state.limits, app.state.server_args, app.state.created = limits, server_args, int(time.time())
+    for router in (openai_api.router, native_api.router, control_api.router):
+        app.include_router(router)
+
+    def error(err: APIError) -> JSONResponse:
+        metrics.errors.labels(status=str(err.status)).inc()
+        return JSONResponse(err.body(), status_code=err.status)
+
+    @app.exception_handler(APIError)
+    async def api_error(_: Request, err: APIError):
+        return error(err)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, err: RequestValidationError):
+        return error(APIError(str(err.errors()[0].get("msg", err)), code="invalid_value"))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, err: HTTPException):
+        return error(APIError(str(err.detail), status=err.status_code))
+
+    @app.exception_handler(ClientGone)
+    async def client_gone(_: Request, err: ClientGone):
+        return JSONResponse({"error": {"message": "client disconnected", "type": "aborted"}}, status_code=499)
+
+    return app

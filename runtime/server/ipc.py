@@ -1,0 +1,152 @@
+"""Messages between the server's processes (pickled over ZMQ) and the socket addresses.
+
+HTTP + tokenizer --TokenizedRequest/AbortReq/ControlReq--> scheduler --BatchOutput--> detokenizer
+--BatchText--> HTTP. Control replies travel the same way back, after every output sent before them.
+Torch-free; imports zmq only in `push_socket` / `pull_socket`.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from runtime.core.request import SamplingParams
+
+
+@dataclass(frozen=True)
+class Addresses:
+    """ipc:// endpoints, one PULL socket per receiving process, in a private directory."""
+
+    scheduler: str
+    detokenizer: str
+    http: str
+
+    @classmethod
+    def in_dir(cls, directory: str) -> "Addresses":
+        return cls(*(f"ipc://{os.path.join(directory, name)}" for name in ("scheduler", "detokenizer", "http")))
+
+
+@dataclass
+class DetokSpec:
+    """What the detokenizer needs to turn a request's token ids into text."""
+
+    prompt_tail_ids: list[int]
+    stop_strs: tuple[str, ...] = ()
+    skip_special_tokens: bool = True
+
+
+@dataclass
+class TokenizedRequest:
+    rid: str
+    input_ids: list[int]
+    sampling: SamplingParams
+    arrival_clock_s: float                 # time.perf_counter() when the HTTP request arrived
+    detok: DetokSpec
+
+
+@dataclass
+class AbortReq:
+    rid: str
+
+
+@dataclass
+class ControlReq:
+    """kind: flush_cache | server_info | dump_records | shutdown."""
+
+    kind: str
+    req_id: int
+    args: dict = field(default_factory=dict)
+
+
+@dataclass
+class ControlReply:
+    kind: str
+    req_id: int
+    ok: bool
+    payload: Any = None
+
+
+@dataclass
+class Finish:
+    """How a request ended. reason: stop | length | abort | too_long; `matched`: the stop token id
+    or stop string; token counts and the scheduler's own latencies (seconds)."""
+
+    reason: str
+    matched: Any
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    e2e_s: float | None
+    ttft_s: float | None
+
+
+@dataclass
+class RequestOutput:
+    """New tokens of one request since its last output; `detok` on the first one."""
+
+    rid: str
+    token_ids: list[int]
+    finish: Optional[Finish] = None
+    detok: Optional[DetokSpec] = None
+
+
+@dataclass
+class SchedulerStats:
+    num_running: int
+    num_waiting: int
+    kv_used_tokens: int
+    kv_capacity_tokens: int
+    cache_tokens: int
+    prompt_tokens_total: int               # of admitted requests
+    cached_tokens_total: int
+
+
+@dataclass
+class BatchOutput:
+    outputs: list[RequestOutput]
+    stats: Optional[SchedulerStats] = None
+
+
+@dataclass
+class TextOutput:
+    rid: str
+    text: str                              # new text since the last output
+    token_ids: list[int]
+    finish: Optional[Finish] = None
+
+
+@dataclass
+class BatchText:
+    outputs: list[TextOutput]
+    stats: Optional[SchedulerStats] = None
+
+
+@dataclass
+class Ready:
+    """The scheduler loaded the model and serves."""
+
+    kv_capacity_tokens: int
+    max_context_tokens: int
+    vocab_size: int
+    device: str
+    pid: int
+
+
+def push_socket(ctx, address: str):
+    import zmq
+
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.SNDHWM, 0)          # never block the sender (the scheduler must not wait)
+    sock.setsockopt(zmq.LINGER, 1000)
+    sock.connect(address)
+    return sock
+
+
+def pull_socket(ctx, address: str):
+    import zmq
+
+    sock = ctx.socket(zmq.PULL)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.bind(address)
+    return sock

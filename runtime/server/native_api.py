@@ -1,0 +1,69 @@
+"""SGLang's native endpoints: POST /generate (text or input_ids, sampling_params, stream, rid) and
+POST /abort_request. Responses carry `text`, `output_ids` and `meta_info`; streamed chunks are
+cumulative, as SGLang sends them."""
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from runtime.server.ipc import Finish, TextOutput
+from runtime.server.openai_api import parse
+from runtime.server.outputs import collect_outputs, gather, native_finish, sse, stream_outputs
+from runtime.server.protocol import AbortRequest, GenerateRequest
+from runtime.server.tokenizer_manager import ReqState, TokenizerManager
+
+router = APIRouter()
+
+
+class _Accumulated:
+    """Cumulative text and ids of one request, and its meta_info."""
+
+    def __init__(self, state: ReqState) -> None:
+        self.state = state
+        self.text, self.ids = "", []
+
+    def add(self, outs: list[TextOutput]) -> None:
+        text, ids = gather(outs)
+        self.text += text
+        self.ids += ids
+
+    def body(self) -> dict:
+        finish: Finish | None = self.state.finish
+        meta = {"id": self.state.rid, "prompt_tokens": self.state.num_prompt_tokens,
+                "completion_tokens": len(self.ids),
+                "cached_tokens": finish.cached_tokens if finish else None,
+                "finish_reason": native_finish(finish) if finish else None,
+                "e2e_latency": time.perf_counter() - self.state.arrival_s}
+        if finish is not None:
+            meta["completion_tokens"] = finish.completion_tokens
+        return {"text": self.text, "output_ids": list(self.ids), "meta_info": meta}
+
+
+@router.post("/generate")
+async def generate(http: Request):
+    req = await parse(http, GenerateRequest)
+    manager: TokenizerManager = http.app.state.manager
+    gi = req.generate_input()
+    state = manager.submit(gi, "generate")
+    acc = _Accumulated(state)
+    if gi.stream:
+        return StreamingResponse(_stream(manager, state, acc), media_type="text/event-stream")
+    acc.add(await collect_outputs(manager, state, http))
+    return JSONResponse(acc.body())
+
+
+async def _stream(manager: TokenizerManager, state: ReqState, acc: _Accumulated) -> AsyncIterator[str]:
+    async for batch in stream_outputs(manager, state):
+        acc.add(batch)
+        yield sse(acc.body())
+    yield sse("[DONE]")
+
+
+@router.post("/abort_request")
+async def abort_request(http: Request):
+    req = await parse(http, AbortRequest)
+    http.app.state.manager.abort(req.rid)
+    return JSONResponse({"rid": req.rid, "aborted": True})

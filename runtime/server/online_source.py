@@ -1,0 +1,200 @@
+"""The scheduler process's RequestSource for an online front end: requests, aborts and control
+messages arrive over ZMQ from the HTTP process; new tokens and finishes leave, batched once per
+driver iteration, for the detokenizer. Stop strings are checked here, on decoded text, so that a
+request ends as soon as one appears. Torch-free.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import zmq
+
+from runtime.core.request import FinishReason, Request
+from runtime.core.scheduler import Scheduler
+from runtime.server.detokenizer import IncrementalDetokenizer
+from runtime.server.ipc import (
+    AbortReq, BatchOutput, ControlReply, ControlReq, DetokSpec, Finish, RequestOutput, SchedulerStats,
+    TokenizedRequest,
+)
+from runtime.server.stop_strings import StopStringMatcher
+from runtime.server.tokenizer import Tokenizer
+
+PARENT_CHECK_S = 1.0
+
+
+@dataclass
+class _Tracked:
+    """A request between its arrival and its finish, as the front end sees it."""
+
+    request: Request
+    detok: DetokSpec
+    num_sent: int = 0
+    detok_sent: bool = False
+    text: IncrementalDetokenizer | None = None     # only with stop strings
+    stop: StopStringMatcher | None = None
+
+    @property
+    def stopped(self) -> bool:
+        return self.stop is not None and self.stop.matched is not None
+
+
+class OnlineSource:
+    """`control(req)` answers flush_cache / server_info / dump_records between steps (the driver
+    calls `poll` only between steps); `shutdown` aborts everything in flight, then `exhausted()`."""
+
+    def __init__(self, pull: zmq.Socket, push: zmq.Socket, scheduler: Scheduler, tokenizer: Tokenizer,
+                 control: Callable[[ControlReq], ControlReply], parent_pid: int | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.pull, self.push, self.scheduler, self.tokenizer = pull, push, scheduler, tokenizer
+        self.control = control
+        self.parent_pid = parent_pid
+        self.clock = clock
+        self.tracked: dict[str, _Tracked] = {}
+        self.finished: list[Request] = []                 # every ended request (the records)
+        self.shutdown: ControlReq | None = None
+        self.prompt_tokens_total = self.cached_tokens_total = 0
+        self._aborts: list[str] = []
+        self._outputs: list[RequestOutput] = []
+        self._clock_offset_s: float | None = None         # clock() - driver time
+
+    # -- RequestSource --------------------------------------------------------------------------
+    def poll(self, now_s: float) -> list[Request]:
+        self.flush()
+        if self._clock_offset_s is None:
+            self._clock_offset_s = self.clock() - now_s
+        new: list[Request] = []
+        while True:
+            try:
+                msg = self.pull.recv_pyobj(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if isinstance(msg, TokenizedRequest):
+                req = self._admit(msg)
+                if req is not None:
+                    new.append(req)
+            elif isinstance(msg, AbortReq):
+                if msg.rid in self.tracked:
+                    self._aborts.append(msg.rid)
+            elif isinstance(msg, ControlReq):
+                self._on_control(msg)
+        return new
+
+    def aborted_rids(self) -> list[str]:
+        out, self._aborts = self._aborts, []
+        return out
+
+    def wait(self, now_s: float, timeout_s: float | None) -> None:
+        self.flush()
+        deadline = None if timeout_s is None else self.clock() + timeout_s
+        while True:
+            slice_s = PARENT_CHECK_S if deadline is None else min(PARENT_CHECK_S, deadline - self.clock())
+            if slice_s <= 0 or self.pull.poll(int(slice_s * 1000)):
+                return
+            if self.parent_pid is not None and os.getppid() != self.parent_pid:
+                self._begin_shutdown(ControlReq("shutdown", -1))   # the HTTP process is gone
+                return
+
+    def exhausted(self) -> bool:
+        self.flush()
+        return self.shutdown is not None
+
+    def on_tokens(self, requests: list[Request], now_s: float) -> None:
+        for req in requests:
+            t = self.tracked.get(req.rid)
+            if t is None or t.stopped:
+                continue
+            new = self._take_new_tokens(t)
+            if t.stopped:                                  # a stop string appeared: end it now
+                self._aborts.append(req.rid)
+                self._output(t, new, self._finish(req, "stop", t.stop.matched, t.num_sent, now_s))
+            elif new:
+                self._output(t, new)
+
+    def on_finished(self, requests: list[Request], now_s: float) -> None:
+        for req in requests:
+            self.finished.append(req)
+            t = self.tracked.pop(req.rid, None)
+            if t is None:
+                continue
+            if t.stopped:                                  # ended by its stop string, reported already
+                req.finish_reason = FinishReason.STOP
+                continue
+            new = self._take_new_tokens(t)
+            reason = req.finish_reason.value if req.finish_reason else "abort"
+            if t.stopped:
+                reason, matched = "stop", t.stop.matched
+                req.finish_reason = FinishReason.STOP
+            else:
+                matched = req.output_ids[-1] if reason == "stop" and req.output_ids else None
+            self._output(t, new, self._finish(req, reason, matched, t.num_sent, now_s))
+
+    # -- outputs --------------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Send the outputs gathered since the last flush, with the scheduler's gauges."""
+        if self._outputs:
+            outs, self._outputs = self._outputs, []
+            self.push.send_pyobj(BatchOutput(outs, self.stats()))
+
+    def stats(self) -> SchedulerStats:
+        s = self.scheduler
+        return SchedulerStats(len(s.running) + (s.chunked is not None), len(s.waiting), s.kv.used_tokens(),
+                              s.kv.capacity_tokens, s.kv.cache.total_size(), self.prompt_tokens_total,
+                              self.cached_tokens_total)
+
+    def _output(self, t: _Tracked, token_ids: list[int], finish: Finish | None = None) -> None:
+        detok = None
+        if not t.detok_sent:
+            detok, t.detok_sent = t.detok, True
+            self.prompt_tokens_total += len(t.request.input_ids)
+            self.cached_tokens_total += t.request.num_cached_tokens
+        self._outputs.append(RequestOutput(t.request.rid, token_ids, finish, detok))
+
+    def _take_new_tokens(self, t: _Tracked) -> list[int]:
+        """Output tokens not sent yet; with stop strings, only those up to the one completing a stop."""
+        new = t.request.output_ids[t.num_sent:]
+        if t.stop is not None:
+            for k, token in enumerate(new):
+                t.stop.feed(t.text.push([token]))
+                if t.stop.matched is not None:
+                    new = new[:k + 1]
+                    break
+        t.num_sent += len(new)
+        return new
+
+    @staticmethod
+    def _finish(req: Request, reason: str, matched, num_tokens: int, now_s: float) -> Finish:
+        e2e = now_s - req.arrival_s
+        ttft = req.first_token_s - req.arrival_s if req.first_token_s is not None else None
+        return Finish(reason, matched, len(req.input_ids), num_tokens, req.num_cached_tokens, e2e, ttft)
+
+    # -- intake and control ---------------------------------------------------------------------
+    def _admit(self, msg: TokenizedRequest) -> Request | None:
+        arrival = max(0.0, msg.arrival_clock_s - self._clock_offset_s)
+        req = Request(rid=msg.rid, input_ids=list(msg.input_ids), sampling=msg.sampling, arrival_s=arrival)
+        t = _Tracked(req, msg.detok)
+        if msg.detok.stop_strs:
+            t.text = IncrementalDetokenizer(self.tokenizer, msg.detok.prompt_tail_ids, msg.detok.skip_special_tokens)
+            t.stop = StopStringMatcher(msg.detok.stop_strs)
+        if self.shutdown is not None:                      # shutting down: refuse
+            self._output(t, [], Finish("abort", None, len(req.input_ids), 0, 0, None, None))
+            return None
+        self.tracked[msg.rid] = t
+        return req
+
+    def _on_control(self, msg: ControlReq) -> None:
+        if msg.kind == "shutdown":
+            self._begin_shutdown(msg)
+            return
+        self.flush()                                       # replies follow the outputs before them
+        try:
+            reply = self.control(msg)
+        except Exception as err:                           # a failed control must not stop serving
+            reply = ControlReply(msg.kind, msg.req_id, False, f"{type(err).__name__}: {err}")
+        self.push.send_pyobj(reply)
+
+    def _begin_shutdown(self, msg: ControlReq) -> None:
+        self.shutdown = msg
+        self._aborts.extend(rid for rid in self.tracked if rid not in self._aborts)

@@ -1,0 +1,80 @@
+"""Waiting for a request's outputs in a handler, and the pieces every response format shares:
+usage and finish reasons in the OpenAI and SGLang-native shapes.
+Client disconnects abort the request (its KV is freed by the scheduler)."""
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+from starlette.requests import Request as HTTPRequest
+
+from runtime.server.ipc import Finish, TextOutput
+from runtime.server.tokenizer_manager import ReqState, TokenizerManager
+
+DISCONNECT_POLL_S = 1.0
+OPENAI_FINISH = {"stop": "stop", "length": "length", "too_long": "length", "abort": "abort"}
+
+
+class ClientGone(Exception):
+    """The client closed its connection before the request finished."""
+
+
+async def stream_outputs(manager: TokenizerManager, state: ReqState) -> AsyncIterator[list[TextOutput]]:
+    """Batches of outputs as they arrive, until the finish; aborts the request if the consumer stops
+    early (a streaming client disconnected: Starlette cancels the response task)."""
+    try:
+        while True:
+            await state.event.wait()
+            batch = state.take()
+            if state.error is not None:
+                raise state.error
+            if batch:
+                yield batch
+            if state.finish is not None and not state.pending:
+                return
+    finally:
+        if not state.done:
+            manager.abort(state.rid)
+
+
+async def collect_outputs(manager: TokenizerManager, state: ReqState, http: HTTPRequest) -> list[TextOutput]:
+    """Every output of a non-streaming request; ClientGone (and an abort) if the client leaves."""
+    outs: list[TextOutput] = []
+    while True:
+        try:
+            await asyncio.wait_for(state.event.wait(), DISCONNECT_POLL_S)
+        except asyncio.TimeoutError:
+            if await http.is_disconnected():
+                manager.abort(state.rid)
+                raise ClientGone(state.rid) from None
+            continue
+        outs.extend(state.take())
+        if state.error is not None:
+            raise state.error
+        if state.finish is not None:
+            return outs
+
+
+def sse(payload: dict | str) -> str:
+    return f"data: {payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+def usage(finish: Finish) -> dict:
+    return {"prompt_tokens": finish.prompt_tokens, "completion_tokens": finish.completion_tokens,
+            "total_tokens": finish.prompt_tokens + finish.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": finish.cached_tokens}}
+
+
+def native_finish(finish: Finish) -> dict:
+    out: dict = {"type": "length" if finish.reason == "too_long" else finish.reason}
+    if finish.reason == "stop" and finish.matched is not None:
+        out["matched"] = finish.matched
+    if finish.reason in ("length", "too_long"):
+        out["length"] = finish.completion_tokens
+    return out
+
+
+def gather(outs: list[TextOutput]) -> tuple[str, list[int]]:
+    """Text and token ids of a list of outputs, concatenated."""
+    return "".join(o.text for o in outs), [t for o in outs for t in o.token_ids]

@@ -1,0 +1,205 @@
+"""Request bodies of the HTTP API (OpenAI chat/completions, SGLang's native /generate) as strict
+pydantic models, and their translation into one `GenerateInput`. Imports neither torch nor zmq.
+
+Strict: a string where a number belongs is a 400, not a silent conversion. Unknown fields are
+ignored (as OpenAI-compatible servers do), except those naming a feature this server lacks.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from runtime.server.errors import APIError
+
+LOGPROBS_UNSUPPORTED = ("logprobs are not supported yet: the model runner returns sampled token ids only")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    def _reject_unsupported(self, names: dict[str, Any]) -> None:
+        """400 for a field set to something this server cannot honour ({name: accepted value})."""
+        extra = self.model_extra or {}
+        for name, accepted in names.items():
+            value = getattr(self, name, None) if name in type(self).model_fields else extra.get(name)
+            if value not in (None, accepted) and not (isinstance(accepted, tuple) and value in accepted):
+                raise APIError(f"{name}={value!r} is not supported by this server", param=name, code="unsupported")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class _OpenAISampling(_Strict):
+    model: str
+    max_tokens: Optional[int] = None
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    n: int = 1
+    stop: Union[str, list[str], None] = None
+    seed: Optional[int] = None
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    # SGLang / vLLM extensions
+    ignore_eos: bool = False
+    top_k: Optional[int] = None
+    min_p: Optional[float] = None
+    stop_token_ids: Optional[list[int]] = None
+    skip_special_tokens: bool = True
+    frequency_penalty: Optional[float] = None
+    presence_penalty: Optional[float] = None
+    rid: Optional[str] = None
+
+    def check_common(self) -> None:
+        if self.n != 1:
+            raise APIError(f"n={self.n}: only n=1 is supported", param="n", code="unsupported")
+        if self.stream_options is not None and not self.stream:
+            raise APIError("stream_options is only allowed with stream=true", param="stream_options")
+        self._reject_unsupported({"frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logit_bias": {},
+                                  "tools": [], "functions": [], "best_of": 1, "echo": False, "suffix": "",
+                                  "response_format": ({"type": "text"},)})
+
+    def sampling(self, max_tokens: Optional[int]) -> dict:
+        out: dict[str, Any] = {"max_new_tokens": max_tokens, "ignore_eos": self.ignore_eos}
+        for key in ("temperature", "top_p", "top_k", "min_p", "seed"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        if self.stop_token_ids:
+            out["stop_token_ids"] = list(self.stop_token_ids)
+        return out
+
+    def stop_strs(self) -> tuple[str, ...]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if any(s == "" for s in stops):
+            raise APIError("stop strings must not be empty", param="stop")
+        return tuple(stops)
+
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: Union[str, list[TextPart], None] = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(p.text for p in self.content)
+        return self.content or ""
+
+
+class ChatCompletionRequest(_OpenAISampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: Optional[int] = None
+    logprobs: bool = False
+    top_logprobs: Optional[int] = None
+
+    def generate_input(self) -> "GenerateInput":
+        self.check_common()
+        if self.max_tokens is not None and self.max_completion_tokens is not None \
+                and self.max_tokens != self.max_completion_tokens:
+            raise APIError("give max_tokens or max_completion_tokens, not two different values", param="max_tokens")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise APIError("top_logprobs needs logprobs=true", param="top_logprobs")
+        if self.logprobs:
+            raise APIError(LOGPROBS_UNSUPPORTED, param="logprobs", code="unsupported")
+        max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        return GenerateInput(messages=[{"role": m.role, "content": m.text()} for m in self.messages],
+                             sampling=self.sampling(max_tokens), stop_strs=self.stop_strs(), stream=self.stream,
+                             rid=self.rid, skip_special_tokens=self.skip_special_tokens)
+
+
+class CompletionRequest(_OpenAISampling):
+    prompt: Union[str, list[str], list[int], list[list[int]]]
+    logprobs: Optional[int] = None
+
+    def generate_input(self) -> "GenerateInput":
+        self.check_common()
+        prompt = self.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+            if len(prompt) != 1:
+                raise APIError(f"a batch of {len(prompt)} prompts: send one prompt per request",
+                               param="prompt", code="unsupported")
+            prompt = prompt[0]
+        if self.logprobs is not None:
+            raise APIError(LOGPROBS_UNSUPPORTED, param="logprobs", code="unsupported")
+        text, ids = (prompt, None) if isinstance(prompt, str) else (None, list(prompt))
+        return GenerateInput(text=text, input_ids=ids, sampling=self.sampling(self.max_tokens if self.max_tokens
+                                                                                 is not None else 16),
+                             stop_strs=self.stop_strs(), stream=self.stream, rid=self.rid,
+                             skip_special_tokens=self.skip_special_tokens)
+
+
+class NativeSampling(_Strict):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    max_new_tokens: Optional[int] = 128
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    min_p: Optional[float] = None
+    ignore_eos: bool = False
+    stop: Union[str, list[str], None] = None
+    stop_token_ids: Optional[list[int]] = None
+    seed: Optional[int] = None
+    sampling_seed: Optional[int] = None
+    skip_special_tokens: bool = True
+
+
+class GenerateRequest(_Strict):
+    """SGLang's native API: one prompt as `text` or `input_ids`."""
+
+    text: Optional[str] = None
+    input_ids: Optional[list[int]] = None
+    sampling_params: NativeSampling = Field(default_factory=NativeSampling)
+    stream: bool = False
+    rid: Optional[str] = None
+    return_logprob: bool = False
+
+    def generate_input(self) -> "GenerateInput":
+        if (self.text is None) == (self.input_ids is None):
+            raise APIError("give exactly one of text or input_ids", param="text")
+        sp = self.sampling_params
+        sampling: dict[str, Any] = {"max_new_tokens": sp.max_new_tokens, "ignore_eos": sp.ignore_eos}
+        for key in ("temperature", "top_p", "top_k", "min_p"):
+            if getattr(sp, key) is not None:
+                sampling[key] = getattr(sp, key)
+        seed = sp.seed if sp.seed is not None else sp.sampling_seed
+        if seed is not None:
+            sampling["seed"] = seed
+        if sp.stop_token_ids:
+            sampling["stop_token_ids"] = list(sp.stop_token_ids)
+        stops = (sp.stop,) if isinstance(sp.stop, str) else tuple(sp.stop or ())
+        if any(s == "" for s in stops):
+            raise APIError("stop strings must not be empty", param="sampling_params.stop")
+        if self.return_logprob:
+            raise APIError(LOGPROBS_UNSUPPORTED, param="return_logprob", code="unsupported")
+        return GenerateInput(text=self.text, input_ids=self.input_ids, sampling=sampling, stop_strs=stops,
+                             stream=self.stream, rid=self.rid,
+                             skip_special_tokens=sp.skip_special_tokens)
+
+
+class AbortRequest(_Strict):
+    rid: str
+
+
+@dataclass
+class GenerateInput:
+    """One request in the server's terms, whatever the endpoint: a prompt (`messages` for chat,
+    `text`, or `input_ids`), SGLang-style sampling keys (max_new_tokens None = up to the context),
+    stop strings."""
+
+    text: Optional[str] = None
+    input_ids: Optional[list[int]] = None
+    messages: Optional[list[dict]] = None
+    sampling: dict = field(default_factory=dict)
+    stop_strs: tuple[str, ...] = ()
+    stream: bool = False
+    rid: Optional[str] = None
+    skip_special_tokens: bool = True

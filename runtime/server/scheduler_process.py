@@ -1,0 +1,133 @@
+"""The scheduler process of the server: the core scheduler and the model runner driven by the same
+real-time loop as `mode=real` (RealDriver), fed by an OnlineSource; answers control requests
+between steps and writes the run's records on shutdown. Imports torch (through the runner).
+"""
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from runtime.server.ipc import Addresses, ControlReply, ControlReq, Ready
+
+
+class SchedulerControl:
+    """Answers the HTTP process's control requests; runs inside `OnlineSource.poll`, between steps."""
+
+    def __init__(self, scheduler, out_dir: str, started_s: float) -> None:
+        self.scheduler = scheduler
+        self.source = self.driver = None        # set once built (the source calls this object)
+        self.out_dir = out_dir
+        self.started_s = started_s
+
+    def __call__(self, msg: ControlReq) -> ControlReply:
+        handler = {"flush_cache": self.flush_cache, "server_info": self.server_info,
+                   "dump_records": self.dump_records}.get(msg.kind)
+        if handler is None:
+            return ControlReply(msg.kind, msg.req_id, False, f"unknown control request {msg.kind!r}")
+        ok, payload = handler(**msg.args)
+        return ControlReply(msg.kind, msg.req_id, ok, payload)
+
+    def flush_cache(self) -> tuple[bool, object]:
+        s = self.scheduler
+        if s.has_work() or self.source.tracked:
+            return False, f"{len(self.source.tracked)} requests in flight"
+        freed = s.kv.cache.total_size()
+        s.kv.cache.reset()
+        return True, freed
+
+    def server_info(self) -> tuple[bool, object]:
+        s, source = self.scheduler, self.source
+        used, cached = s.kv.used_tokens(), s.kv.cache.total_size()
+        return True, {"num_running": len(s.running), "num_waiting": len(s.waiting),
+                      "num_chunked": int(s.chunked is not None), "num_in_flight": len(source.tracked),
+                      "num_finished": len(source.finished), "kv_capacity_tokens": s.kv.capacity_tokens,
+                      "kv_used_tokens": used, "radix_cache_tokens": cached,
+                      "kv_tokens_held_by_requests": used - cached, "num_steps": s.step_id,
+                      "pid": os.getpid()}
+
+    def dump_records(self, dir: str | None = None) -> tuple[bool, object]:
+        steps = getattr(self.driver, "steps", None)   # the driver's StepLog, when it keeps one
+        out, summary = write_records(self.source.finished, steps, dir or self.out_dir,
+                                     time.perf_counter() - self.started_s)
+        return True, {"dir": str(out), "summary": summary}
+
+
+def write_records(requests, steps, out_dir: str | Path, wall_time_s: float, plots: bool = False):
+    """requests.parquet, steps.parquet (empty when `steps` is None) and summary.json of a served run."""
+    from runtime.core.records import StepLog
+    from runtime.metrics import summarize
+    from runtime.records_io import requests_frame, steps_frame, write_run
+
+    req_frame, step_frame = requests_frame(list(requests)), steps_frame(steps if steps is not None else StepLog())
+    summary = summarize(req_frame, step_frame, mode="serve", wall_time_s=wall_time_s)
+    out = write_run(out_dir, req_frame, step_frame, summary, plots=plots)
+    return out, summary
+
+
+def build_runner(cfg: DictConfig, core):
+    """The model runner of `mode=real`, built the same way (weights, fast path, CUDA graphs, warm-up)."""
+    from runtime.app import CPU_POOL_LIMIT_BYTES, load_format
+    from runtime.engine.fast_path import FastPathConfig
+    from runtime.engine.model_runner import ModelRunner, resolve_device
+
+    device = resolve_device(cfg.real.device)
+    pool_bytes = core.kv_capacity_tokens * core.model.kv_bytes_per_token(int(cfg.kv.dtype_bytes))
+    if device.type == "cpu" and pool_bytes > CPU_POOL_LIMIT_BYTES:
+        raise ValueError(f"a KV pool of {core.kv_capacity_tokens} tokens is sized for hardware={core.hardware.name}; "
+                         "on CPU use hardware=cpu or set kv.capacity_tokens")
+    runner = ModelRunner(dict(core.model.hf_config), core.kv_capacity_tokens, device=str(device),
+                         dtype=cfg.real.dtype, load_format=load_format(cfg, core.model.path), path=core.model.path,
+                         seed=int(cfg.seed),
+                         fast=FastPathConfig(enabled=bool(cfg.real.fast_path), cuda_graph=bool(cfg.real.cuda_graph),
+                                             cuda_graph_max_bs=int(cfg.real.cuda_graph_max_bs), progress=False))
+    if cfg.real.warmup and device.type == "cuda":
+        chunk = int(cfg.scheduler.chunked_prefill_size)
+        runner.warmup(sorted({chunk if chunk > 0 else 8192, 2048, 512, 64}, reverse=True))
+    return runner, device
+
+
+def run_scheduler(cfg_container: dict, addresses: Addresses, parent_pid: int) -> None:
+    """Process entry: build, announce Ready, serve until shutdown, write the records, say goodbye."""
+    import zmq
+
+    from runtime.build import build_core
+    from runtime.driver import RealDriver
+    from runtime.server.ipc import pull_socket, push_socket
+    from runtime.server.online_source import OnlineSource
+    from runtime.server.process_utils import child_process_setup
+    from runtime.server.tokenizer import load_tokenizer
+
+    child_process_setup("twinserve-sched")
+    cfg = OmegaConf.create(cfg_container)
+    ctx = zmq.Context()
+    pull, push = pull_socket(ctx, addresses.scheduler), push_socket(ctx, addresses.detokenizer)
+    try:
+        started = time.perf_counter()
+        core = build_core(cfg)
+        runner, device = build_runner(cfg, core)
+        tokenizer = load_tokenizer(cfg.tokenizer.path, core.model.vocab_size)
+        control = SchedulerControl(core.scheduler, cfg.output_dir, started)
+        control.source = source = OnlineSource(pull, push, core.scheduler, tokenizer, control, parent_pid=parent_pid)
+        control.driver = driver = RealDriver(core.scheduler, runner.execute, progress=False,
+                                             overlap=bool(cfg.get("overlap", False)))
+        push.send_pyobj(Ready(core.kv_capacity_tokens, core.model.max_context_tokens, core.model.vocab_size,
+                              str(device), os.getpid()))
+        outcome = driver.serve(source)
+        source.flush()
+        out, summary = write_records(outcome.requests, outcome.steps, cfg.output_dir,
+                                     time.perf_counter() - started, plots=False)
+        shutdown = source.shutdown
+        push.send_pyobj(ControlReply("shutdown", shutdown.req_id if shutdown else -1, True,
+                                     {"dir": str(out), "summary": summary}))
+    except Exception:
+        traceback.print_exc()
+        push.send_pyobj(ControlReply("shutdown", -1, False, traceback.format_exc()))
+        raise SystemExit(1)
+    finally:
+        pull.close()
+        push.close(linger=2000)
+        ctx.term()

@@ -1,0 +1,149 @@
+"""The HTTP process's side of the pipeline (SGLang's TokenizerManager): tokenizes and sends requests
+to the scheduler, receives detokenized outputs and hands them to the waiting handlers, sends
+aborts and control requests. Runs on the asyncio loop; imports zmq, never torch.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+import uuid
+from typing import Callable
+
+import zmq
+import zmq.asyncio
+
+from runtime.server.errors import APIError
+from runtime.server.input_processor import InputProcessor
+from runtime.server.ipc import (
+    AbortReq, Addresses, BatchText, ControlReply, ControlReq, Finish, SchedulerStats, TextOutput, pull_socket,
+    push_socket,
+)
+from runtime.server.protocol import GenerateInput
+from runtime.server.server_metrics import ServerMetrics
+
+
+class ReqState:
+    """One request in flight: outputs not yet consumed (`take`), everything received so far, and the
+    finish (or an error when the scheduler died)."""
+
+    def __init__(self, rid: str, arrival_s: float, num_prompt_tokens: int) -> None:
+        self.rid, self.arrival_s, self.num_prompt_tokens = rid, arrival_s, num_prompt_tokens
+        self.pending: list[TextOutput] = []
+        self.finish: Finish | None = None
+        self.error: APIError | None = None
+        self.last_token_s: float | None = None
+        self.event = asyncio.Event()
+
+    @property
+    def done(self) -> bool:
+        return self.finish is not None or self.error is not None
+
+    def take(self) -> list[TextOutput]:
+        out, self.pending = self.pending, []
+        self.event.clear()
+        return out
+
+
+class TokenizerManager:
+    def __init__(self, processor: InputProcessor, addresses: Addresses, metrics: ServerMetrics,
+                 scheduler_alive: Callable[[], bool]) -> None:
+        self.processor = processor
+        self.metrics = metrics
+        self.scheduler_alive = scheduler_alive
+        self.addresses = addresses
+        self.states: dict[str, ReqState] = {}
+        self.last_stats: SchedulerStats | None = None
+        self.dead = False
+        self._controls: dict[int, asyncio.Future] = {}
+        self._control_ids = itertools.count()
+        self._ctx = zmq.asyncio.Context()
+        self._push = push_socket(self._ctx, addresses.scheduler)
+        self._pull = None
+        self._tasks: list[asyncio.Task] = []
+
+    def start(self, pull_socket_sync=None) -> None:
+        """Start receiving on the event loop. `pull_socket_sync`: the HTTP PULL socket bound at launch
+        (it already received Ready); it is re-wrapped for asyncio."""
+        self._pull = zmq.asyncio.Socket.from_socket(pull_socket_sync) if pull_socket_sync is not None \
+            else pull_socket(self._ctx, self.addresses.http)
+        self._tasks = [asyncio.create_task(self._recv_loop()), asyncio.create_task(self._watch_scheduler())]
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        self._push.close(linger=1000)
+
+    # -- requests --------------------------------------------------------------------------------
+    def submit(self, gi: GenerateInput, endpoint: str) -> ReqState:
+        """Tokenize, validate and send; APIError when the request is refused."""
+        arrival = time.perf_counter()
+        self.metrics.requests.labels(endpoint=endpoint).inc()
+        if self.dead:
+            raise APIError("the scheduler process is not running", status=503)
+        rid = gi.rid or uuid.uuid4().hex
+        if rid in self.states:
+            raise APIError(f"rid {rid!r} is already in flight", param="rid")
+        tokenized = self.processor.process(gi, rid, arrival)
+        state = self.states[rid] = ReqState(rid, arrival, len(tokenized.input_ids))
+        self._push.send_pyobj(tokenized)
+        return state
+
+    def abort(self, rid: str) -> None:
+        """Client gone or asked to abort: the scheduler frees its KV; later outputs are dropped."""
+        state = self.states.pop(rid, None)
+        if state is not None and not state.done:
+            self.metrics.finished.labels(reason="abort").inc()
+        self._push.send_pyobj(AbortReq(rid))
+
+    async def control(self, kind: str, args: dict | None = None, timeout_s: float = 60.0) -> ControlReply:
+        if self.dead:
+            raise APIError("the scheduler process is not running", status=503)
+        req_id = next(self._control_ids)
+        future = self._controls[req_id] = asyncio.get_running_loop().create_future()
+        self._push.send_pyobj(ControlReq(kind, req_id, args or {}))
+        try:
+            return await asyncio.wait_for(future, timeout_s)
+        except asyncio.TimeoutError as err:
+            raise APIError(f"the scheduler did not answer {kind} within {timeout_s:.0f} s", status=503) from err
+        finally:
+            self._controls.pop(req_id, None)
+
+    # -- receiving -------------------------------------------------------------------------------
+    async def _recv_loop(self) -> None:
+        while True:
+            msg = await self._pull.recv_pyobj()
+            if isinstance(msg, BatchText):
+                self._dispatch(msg, time.perf_counter())
+            elif isinstance(msg, ControlReply):
+                future = self._controls.get(msg.req_id)
+                if future is not None and not future.done():
+                    future.set_result(msg)
+
+    def _dispatch(self, batch: BatchText, now_s: float) -> None:
+        for out in batch.outputs:
+            state = self.states.get(out.rid)
+            if state is None:
+                continue                                   # aborted by its client
+            self.metrics.on_tokens(state.arrival_s, state.last_token_s, now_s, len(out.token_ids))
+            if out.token_ids:
+                state.last_token_s = now_s
+            state.pending.append(out)
+            if out.finish is not None:
+                state.finish = out.finish
+                self.metrics.on_finish(out.finish, state.arrival_s, now_s)
+                del self.states[out.rid]
+            state.event.set()
+        if batch.stats is not None:
+            self.last_stats = batch.stats
+            self.metrics.on_stats(batch.stats)
+
+    async def _watch_scheduler(self) -> None:
+        while not self.dead:
+            await asyncio.sleep(1.0)
+            if not self.scheduler_alive():
+                self.dead = True
+                for state in self.states.values():
+                    state.error = APIError("the scheduler process exited", status=503)
+                    state.event.set()
+                self.states.clear()
