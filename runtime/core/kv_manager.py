@@ -33,13 +33,12 @@ class KVManager:
         return self.allocator.capacity_slots - self.allocator.num_free_slots
 
     # -- prefix ---------------------------------------------------------------------
-    def match(self, req: Request) -> MatchResult:
+    def match(self, req: Request, now: float | None = None) -> MatchResult:
         """Longest cached prefix of the request's tokens, leaving at least one token to compute
-        (the last position must run through the model to give logits)."""
+        (the last position must run through the model to give logits). With `now` the matched
+        nodes count as accessed at `now` (SGLang's match_prefix). Mutates no request."""
         fill = req.input_ids + req.output_ids if req.output_ids else req.input_ids
-        result = self.cache.match_prefix(fill, max_tokens=len(fill) - 1)
-        req.prefix_match_len = result.length
-        return result
+        return self.cache.match_prefix(fill, max_tokens=len(fill) - 1, now=now)
 
     @staticmethod
     def newly_protected_tokens(match: MatchResult) -> int:
@@ -114,22 +113,23 @@ class KVManager:
     def _aligned(self, num_tokens: int) -> int:
         return num_tokens - num_tokens % self.page_size
 
-    def _insert_computed(self, req: Request, now: float) -> int:
+    def _insert_computed(self, req: Request, now: float, count_hit: bool) -> int:
         """Insert the page-aligned computed tokens into the cache and free the request's
         duplicates of what the cache already held. Returns the aligned length inserted."""
         aligned = self._aligned(req.num_computed_tokens)
         if not self.cache.enabled or aligned <= req.num_locked_prefix_tokens:
             return req.num_locked_prefix_tokens
         fill = req.fill_ids
-        already = self.cache.insert(fill[:aligned], req.kv_slots[:aligned], now, req.priority)
+        already = self.cache.insert(fill[:aligned], req.kv_slots[:aligned], now, req.priority, count_hit)
         if already > req.num_locked_prefix_tokens:
             self.allocator.free(req.kv_slots[req.num_locked_prefix_tokens:already])
         return aligned
 
-    def cache_unfinished(self, req: Request, now: float) -> None:
+    def cache_unfinished(self, req: Request, now: float, chunked: bool = False) -> None:
         """After a prefill (chunk): put the computed prefix in the cache so other requests can hit
-        it, and re-pin the request on the cache's copy."""
-        aligned = self._insert_computed(req, now)
+        it, and re-pin the request on the cache's copy. `chunked`: the prefill is not complete
+        yet; the insert then counts no LFU hit (SGLang's cache_unfinished_req(chunked=True))."""
+        aligned = self._insert_computed(req, now, count_hit=not chunked)
         if aligned <= req.num_locked_prefix_tokens:
             return
         match = self.cache.match_prefix(req.fill_ids[:aligned])
@@ -140,12 +140,13 @@ class KVManager:
         req.kv_slots[:aligned] = match.slots
         req.num_locked_prefix_tokens = aligned
 
-    def release(self, req: Request, now: float) -> None:
+    def release(self, req: Request, now: float, count_hit: bool = True) -> None:
         """The request stops owning KV (finished, aborted or retracted): its computed tokens stay in
-        the cache (evictable), everything else is freed, the lock is dropped."""
+        the cache (evictable), everything else is freed, the lock is dropped. `count_hit=False`
+        for a retraction: SGLang does not insert a retracted request's KV, so it counts no hit."""
         if req.cache_node is None:
             return
-        aligned = self._insert_computed(req, now)
+        aligned = self._insert_computed(req, now, count_hit)
         if len(req.kv_slots) > aligned:
             self.allocator.free(req.kv_slots[aligned:])
         self.cache.unlock(req.cache_node, now)

@@ -96,7 +96,6 @@ class Request:
     kv_slots: list[int] = field(default_factory=list)
     num_locked_prefix_tokens: int = 0   # tokens of kv_slots owned by the radix cache (locked)
     cache_node: Any = None              # the radix node locked for this request, or None
-    prefix_match_len: int = 0           # scratch: last match length computed by a policy
     num_cached_tokens: int = 0          # radix-cache hit tokens at the first admission
     num_retractions: int = 0
     finish_reason: FinishReason | None = None

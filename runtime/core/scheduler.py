@@ -15,7 +15,7 @@ from runtime.core.admission import PrefillBudget
 from runtime.core.batch import ForwardMode, ScheduledItem, StepPlan, StepResult
 from runtime.core.cache.radix_cache import MatchResult
 from runtime.core.kv_manager import KVManager
-from runtime.core.policy.base import SchedulePolicy
+from runtime.core.policy.base import SchedulePolicy, effective_policy
 from runtime.core.request import FinishReason, Request, RequestStatus
 from runtime.core.scheduler_config import SchedulerConfig
 
@@ -29,7 +29,7 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, policy: SchedulePolicy, kv: KVManager,
                  max_context_tokens: int | None = None) -> None:
         self.config = config
-        self.policy = policy
+        self.policy = effective_policy(policy, kv.cache.enabled)
         self.kv = kv
         self.max_context_tokens = max_context_tokens
         self.waiting: list[Request] = []          # sorted by arrival
@@ -155,10 +155,7 @@ class Scheduler:
 
     def _fits(self, req: Request, match: MatchResult, budget: PrefillBudget) -> bool:
         """Would `req` fit with its cached prefix `match`? (`req` owns no KV yet.)"""
-        computed, req.num_computed_tokens = req.num_computed_tokens, match.length
-        fits = budget.fits(req, self.kv.newly_protected_tokens(match))
-        req.num_computed_tokens = computed
-        return fits
+        return budget.fits(req, match.length, self.kv.newly_protected_tokens(match))
 
     def _allocate_prefill(self, admitted: list[tuple[Request, int]], now: float) -> list[ScheduledItem]:
         items: list[ScheduledItem] = []
@@ -232,7 +229,7 @@ class Scheduler:
         threshold = self.policy.preemption_threshold
         if threshold is None:
             return False
-        importance = getattr(self.policy, "importance", lambda r: r.priority)
+        importance = self.policy.importance
         bar = importance(req) - threshold
         victims = sorted((r for r in self.running if importance(r) <= bar),
                          key=lambda r: (importance(r), -r.arrival_s), reverse=True)
@@ -243,14 +240,13 @@ class Scheduler:
             self.running.remove(victim)
             budget.forget_running(victim)
             preempted = True
-            if need_slot or budget.fits(req):
+            if need_slot or budget.fits(req, 0):
                 break
         return preempted
 
     def _retract(self, req: Request, now: float) -> None:
-        self.kv.release(req, now)
+        self.kv.release(req, now, count_hit=False)
         req.num_retractions += 1
-        req.prefix_match_len = 0
         self.num_retractions += 1
         self._enqueue(req)
 

@@ -51,15 +51,23 @@ def test_lpm_falls_back_to_fcfs_on_long_queues():
     assert rids(LPMPolicy(max_queue_for_matching=10).order(queue, match, 0.0))[0] == "hit"
 
 
-def test_in_batch_prefix_caching_holds_back_group_members():
+def test_in_batch_prefix_caching_moves_group_members_back():
+    """SGLang schedule_policy.py SchedulePolicy._compute_prefix_matches / _sort_by_longest_prefix:
+    requests sharing >= 32 tokens with an earlier short-match request are deprioritized (sorted
+    last, arrival order among them), not removed: they are still tried this step."""
     shared = list(range(40))
     queue = [req("g1", shared + [1], 0.0), req("g2", shared + [2], 1.0), req("solo", range(500, 545), 2.0),
              req("g3", shared + [3], 3.0)]
-    assert rids(LPMPolicy().order(queue, cache_with(), 0.0)) == ["g1", "solo"]
-    # end to end: the held-back members hit the first one's prefix in the cache
-    sched = make_scheduler(capacity=5000, policy=LPMPolicy())
-    done, _ = run_to_completion(sched, [spec(f"g{i}", shared + [i], 3) for i in range(4)])
-    assert sorted(r.num_cached_tokens for r in done) == [0, 40, 40, 40]
+    assert rids(LPMPolicy().order(queue, cache_with(), 0.0)) == ["g1", "solo", "g2", "g3"]
+    assert rids(LPMPolicy(in_batch_prefix_threshold_tokens=0).order(queue, cache_with(), 0.0)) == \
+        ["g1", "g2", "solo", "g3"]
+    # a budget of two requests per step: the solo request runs beside g0, and g1, g2 hit g0's prefix
+    specs = [spec(f"g{i}", shared + [i], 3) for i in range(3)] + [spec("solo", range(500, 545), 3)]
+    for threshold, expected in ((32, [0, 0, 40, 40]), (0, [0, 0, 0, 40])):
+        sched = make_scheduler(capacity=5000, policy=LPMPolicy(in_batch_prefix_threshold_tokens=threshold),
+                               chunked_prefill_size=0, max_prefill_tokens=100)
+        done, _ = run_to_completion(sched, specs)
+        assert sorted(r.num_cached_tokens for r in done) == expected
 
 
 def test_dfs_weight_visits_heaviest_subtree_first():
@@ -69,6 +77,39 @@ def test_dfs_weight_visits_heaviest_subtree_first():
              req("a3", a + [3], 3.0), req("nomatch", range(900, 950), 4.0)]
     order = rids(DFSWeightPolicy().order(queue, match, 0.0))
     assert order[:3] == ["a1", "a2", "a3"] and order[3] == "b1" and order[4] == "nomatch"
+
+
+def test_dfs_weight_has_no_hold_back_no_fcfs_fallback_and_breaks_ties_by_child_order():
+    """SGLang schedule_policy.py: _determine_active_policy falls back to FCFS above 128 waiting
+    requests for LPM only, dfs-weight ignores the in-batch deprioritization, and
+    _get_dfs_priority sorts children by weight with a stable sort over the children dict
+    (the order their first tokens entered the tree)."""
+    late, early = list(range(300, 340)), list(range(100, 140))
+    match = cache_with(late, early)                 # root's children: `late`, then `early`
+    # matching late[:20] splits `late`: its head is a newer node in the older child's place
+    queue = [req("early", early + [1], 0.0), req("late", late[:20] + [1], 1.0)]
+    assert rids(DFSWeightPolicy().order(queue, match, 0.0)) == ["late", "early"]
+    shared = list(range(900, 940))
+    many = [req(f"s{i}", shared + [i], float(i)) for i in range(3)] + [req("hit", late + [2], 9.0)]
+    order = rids(DFSWeightPolicy().order(many, match, 0.0))
+    assert order == ["hit", "s0", "s1", "s2"]      # nothing held back; the matched subtree first
+    long_queue = [req(f"r{i}", [5000 + i] * 3, float(i)) for i in range(200)] + [req("hit", late + [3], 999.0)]
+    assert rids(DFSWeightPolicy().order(long_queue, match, 0.0))[0] == "hit"
+    assert rids(DFSWeightPolicy(max_queue_for_matching=128).order(long_queue, match, 0.0))[0] == "r0"
+
+
+def test_cache_aware_policies_become_fcfs_without_the_cache():
+    """SGLang SchedulePolicy._validate_and_adjust_policy: lpm / dfs-weight with the radix cache
+    disabled run as FCFS (so no in-batch hold-back either)."""
+    shared = list(range(40))
+    for policy in (LPMPolicy(), DFSWeightPolicy()):
+        sched = make_scheduler(capacity=5000, policy=policy, cache_enabled=False)
+        assert isinstance(sched.policy, FCFSPolicy)
+        for i in range(3):
+            sched.add(req(f"g{i}", shared + [i], float(i)), 0.0)
+        plan = sched.schedule(0.0)
+        assert [it.request.rid for it in plan.items] == ["g0", "g1", "g2"]
+    assert make_scheduler(policy=LPMPolicy()).policy.__class__ is LPMPolicy
 
 
 def test_lof_longest_output_first():

@@ -68,10 +68,13 @@ class RadixCache:
         return self._evictable_tokens + self._protected_tokens
 
     # -- lookup and insertion ---------------------------------------------------------------
-    def match_prefix(self, token_ids: Sequence[int], max_tokens: int | None = None) -> MatchResult:
+    def match_prefix(self, token_ids: Sequence[int], max_tokens: int | None = None,
+                     now: float | None = None) -> MatchResult:
         """Longest cached page-aligned prefix of `token_ids[:max_tokens]` (no copy is made of a
-        list). Changes no sizes and no access stats; may split a node so that the returned node
-        ends exactly at `length`."""
+        list). Changes no sizes; may split a node so that the returned node ends exactly at
+        `length`. With `now`, every node walked gets last_access_s = now, the partly matched one
+        included (SGLang's RadixCache._match_prefix_helper): prefixes that waiting requests keep
+        matching stay recent for LRU. Without `now` (checks, statistics) no stats change."""
         if not self.enabled:
             return MatchResult(0, [], self.root)
         if isinstance(token_ids, list):
@@ -80,11 +83,14 @@ class RadixCache:
         else:
             key = self._aligned_key(token_ids[:max_tokens] if max_tokens is not None else token_ids)
             limit = len(key)
-        node, pos, slots = self.root, 0, []
+        node, pos, slots, deepest = self.root, 0, [], None
         while pos < limit:
             child = node.children.get(edge_key(key, pos, self.page_size))
             if child is None:
                 break
+            if now is not None:
+                child.last_access_s = now          # before a split: head and tail are both touched
+                deepest = child
             matched = self._matched_len(key, pos, child, limit)
             ends_inside_edge = matched < len(child.key)
             if ends_inside_edge:
@@ -93,9 +99,12 @@ class RadixCache:
             node, pos = child, pos + matched
             if ends_inside_edge:
                 break
+        if deepest is not None:
+            self._queue.push(deepest)              # the only touched node that can be a leaf
         return MatchResult(pos, slots, node)
 
-    def insert(self, token_ids: Sequence[int], slots: Sequence[int], now: float, priority: int = 0) -> int:
+    def insert(self, token_ids: Sequence[int], slots: Sequence[int], now: float, priority: int = 0,
+               count_hit: bool = True) -> int:
         """Cache `token_ids` -> `slots` (equal lengths; only the page-aligned head is inserted, the
         unaligned tail is ignored). Returns how many leading tokens (page-aligned) were ALREADY in
         the tree; for those the tree keeps its own slots. Never frees. The caller, which holds a
@@ -103,7 +112,10 @@ class RadixCache:
         slots[locked:returned] and, when done with them, its tail slots[aligned_len:]; the tree
         now owns slots[returned:aligned_len]. (enabled=False: nothing is inserted, 0 is returned
         and the caller still owns every slot it computed.) Touches the matched path
-        (last_access_s = now, priority = max); new nodes get created_s = now."""
+        (last_access_s = now, priority = max); new nodes get created_s = now. With `count_hit`
+        every node of the inserted path, the new leaf included, counts one hit (hit_count += 1):
+        SGLang counts LFU hits here and not for the inserts of unfinished chunks
+        (RadixCache._insert_helper / _inc_hit_count with chunked=True)."""
         if len(slots) != len(token_ids):
             raise ValueError(f"insert needs one slot per token: {len(token_ids)} tokens, {len(slots)} slots")
         if not self.enabled:
@@ -115,13 +127,14 @@ class RadixCache:
             if child is None:
                 leaf_slots = slots[pos:len(key)]
                 self._add_leaf(node, key[pos:], leaf_slots if isinstance(leaf_slots, list) else list(leaf_slots),
-                               now, priority)
+                               now, priority, hit_count=int(count_hit))
                 return pos
             matched = self._matched_len(key, pos, child)
             if matched < len(child.key):
                 child = self._split(child, matched)
             child.last_access_s = now
             child.priority = max(child.priority, priority)
+            child.hit_count += count_hit
             node, pos = child, pos + matched
         self._queue.push(node)  # a fully present key may end at a leaf whose stats just changed
         return pos
@@ -129,8 +142,8 @@ class RadixCache:
     # -- pinning ------------------------------------------------------------------------------
     def lock(self, node: TreeNode, now: float, priority: int = 0) -> None:
         """Pin root..node for a running request: lock_ref += 1 on each node (its tokens move from
-        evictable to protected) and record a hit: hit_count += 1, last_access_s = now,
-        priority = max(priority, node.priority). Locking the root is a no-op."""
+        evictable to protected), last_access_s = now, priority = max(priority, node.priority).
+        Hits are not counted here (see `insert`). Locking the root is a no-op."""
         if node.evicted:
             raise ValueError(f"cannot lock {node}: it was evicted (lock right after match_prefix)")
         while node.parent is not None:
@@ -138,7 +151,6 @@ class RadixCache:
                 self._evictable_tokens -= len(node.key)
                 self._protected_tokens += len(node.key)
             node.lock_ref += 1
-            node.hit_count += 1
             node.last_access_s = now
             node.priority = max(node.priority, priority)
             node = node.parent
@@ -209,12 +221,13 @@ class RadixCache:
         return matched - matched % self.page_size
 
     def _add_leaf(self, parent: TreeNode, key: list[int], slots: list[int], now: float,
-                  priority: int) -> None:
+                  priority: int, hit_count: int = 0) -> None:
         leaf = self._new_node(parent, key, slots, now, priority)
+        leaf.hit_count = hit_count
         parent.children[edge_key(key, 0, self.page_size)] = leaf
         self.num_nodes += 1
         self._evictable_tokens += len(key)
-        self._queue.push(leaf)
+        self._queue.push(leaf)             # after its stats are set: the queue reads the key now
 
     def _split(self, child: TreeNode, num_head_tokens: int) -> TreeNode:
         """Cut `child`'s edge after num_head_tokens (page-aligned, > 0). A new node takes the head

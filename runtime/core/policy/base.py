@@ -14,22 +14,47 @@ MatchFn = Callable[[Request], MatchResult]
 
 
 class SchedulePolicy(Protocol):
-    """`order(waiting, match, now)` returns the waiting requests admission should try this step,
-    in order. Requests left out wait for a later step (in-batch prefix caching holds some back);
-    none may appear twice. It must not mutate the requests, except that
-    calling `match(req)` stores the cached-prefix length in `req.prefix_match_len` (cache-aware
-    policies call it; the scheduler reuses the matches made in the same step).
+    """`order(waiting, match, now)` returns every waiting request once, in the order admission
+    should try them this step (SGLang's SchedulePolicy.calc_priority). It mutates no request;
+    cache-aware policies call `match(req)` for each request's cached prefix (the scheduler
+    reuses those matches for admission in the same step).
 
-    `stateless_order`: calling `order` twice on the same queue and cache gives the same result
-    and changes nothing (lets the simulator fast-forward while requests wait).
-    `preemption_threshold`: None, or the priority gap at which a waiting request may retract a
-    running one (only the priority policy sets it)."""
+    `cache_aware`: the order depends on the radix cache (lpm, dfs_weight); with the cache
+    disabled the scheduler orders FCFS instead, as SGLang does.
+    `stateless_order`: the order depends only on the queue and the cache (no generator or other
+    hidden state), so the simulator may replay it when it fast-forwards while requests wait.
+    `preemption_threshold`: None, or the importance gap at which a waiting request may retract a
+    running one; `importance(req)`: larger is more important (priority preemption)."""
 
+    cache_aware: bool
+    stateless_order: bool
     preemption_threshold: int | None
-    stateless_order: bool   # True: order() has no side effects (the simulator may replay it)
 
     def order(self, waiting: list[Request], match: MatchFn, now: float) -> list[Request]:
         ...
+
+    def importance(self, req: Request) -> int:
+        ...
+
+
+class PolicyDefaults:
+    """What most policies share: cache-agnostic, stateless, no preemption, importance = priority."""
+
+    cache_aware = False
+    stateless_order = True
+    preemption_threshold: int | None = None
+
+    def importance(self, req: Request) -> int:
+        return req.priority
+
+
+def effective_policy(policy: SchedulePolicy, cache_enabled: bool) -> SchedulePolicy:
+    """The policy the scheduler runs: a cache-aware one becomes FCFS when the radix cache is
+    disabled (SGLang's SchedulePolicy._validate_and_adjust_policy)."""
+    if policy.cache_aware and not cache_enabled:
+        from runtime.core.policy.fcfs import FCFSPolicy
+        return FCFSPolicy()
+    return policy
 
 
 _ARRIVAL = operator.attrgetter("arrival_s")

@@ -1,5 +1,7 @@
-"""In-batch prefix caching (SGLang): among requests whose cached prefix is short, keep one of each
-group that shares a long prefix and hold the others back, so they hit the cache next step.
+"""In-batch prefix caching (SGLang's SchedulePolicy._compute_prefix_matches): among waiting
+requests whose cached prefix is short, the ones that share a long prefix with an earlier such
+request are deprioritized (moved behind the others, still admitted when the budget allows), so
+that most of them hit the first one's prefix in the cache a step later.
 
 Must not import torch, simpy or time.
 """
@@ -8,21 +10,28 @@ from __future__ import annotations
 from runtime.core.request import Request
 
 
-def held_back(ordered: list[Request], threshold_tokens: int) -> set[Request]:
-    """Requests to hold back this step: one whose cached match is <= threshold_tokens and whose
-    first `threshold_tokens` tokens equal those of an earlier such request in `ordered`.
-    (Sharing >= threshold tokens with an earlier request is exactly having the same first
-    `threshold_tokens` tokens, so a set of prefixes is all the bookkeeping needed.)"""
-    held: set[Request] = set()
+def deprioritized(ordered: list[Request], match_lengths: dict[Request, int],
+                  threshold_tokens: int) -> set[Request]:
+    """The requests to move back: a request whose cached match is <= threshold_tokens and whose
+    tokens share >= threshold_tokens with an earlier such request (earlier in `ordered`) that
+    was not itself deprioritized. Sharing >= threshold tokens with one of those is having the
+    same first `threshold_tokens` tokens, so a set of heads is all the bookkeeping needed.
+    threshold_tokens <= 0 turns it off (SGLang: -1)."""
+    moved: set[Request] = set()
     if threshold_tokens <= 0:
-        return held
+        return moved
     seen: set[tuple[int, ...]] = set()
     for req in ordered:
-        if req.prefix_match_len > threshold_tokens or len(req.input_ids) < threshold_tokens:
+        if match_lengths[req] > threshold_tokens:
             continue
-        head = tuple(req.input_ids[:threshold_tokens])
-        if head in seen:
-            held.add(req)
+        head = req.input_ids[:threshold_tokens]
+        if len(head) < threshold_tokens:            # the output tokens continue the sequence
+            head = (head + req.output_ids)[:threshold_tokens]
+        if len(head) < threshold_tokens:            # too short to share threshold tokens
+            continue
+        key = tuple(head)
+        if key in seen:
+            moved.add(req)
         else:
-            seen.add(head)
-    return held
+            seen.add(key)
+    return moved

@@ -6,12 +6,11 @@ By default a larger `priority` value is more important (SGLang's default); set
 """
 from __future__ import annotations
 
-from runtime.core.policy.base import MatchFn, by_arrival
+from runtime.core.policy.base import MatchFn, PolicyDefaults, by_arrival
 from runtime.core.request import Request
 
 
-class PriorityPolicy:
-    stateless_order = True    # same queue and cache -> same order (no hidden state)
+class PriorityPolicy(PolicyDefaults):
     def __init__(self, preemption_threshold: int | None = 10, low_value_first: bool = False) -> None:
         self.preemption_threshold = preemption_threshold
         self.low_value_first = low_value_first

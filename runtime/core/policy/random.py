@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import random as _random
 
-from runtime.core.policy.base import MatchFn, by_arrival
+from runtime.core.policy.base import MatchFn, PolicyDefaults, by_arrival
 from runtime.core.request import Request
 
 
-class RandomPolicy:
-    preemption_threshold: int | None = None
+class RandomPolicy(PolicyDefaults):
     stateless_order = False   # its generator advances on every call
 
     def __init__(self, seed: int = 0) -> None:

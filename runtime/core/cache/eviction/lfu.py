@@ -1,6 +1,7 @@
 """Least-frequently-used eviction: fewest hits first, least recently used among equals.
 
-Hits are counted by RadixCache.lock (one per request that reuses the node). No torch/simpy/time.
+Hits are counted by RadixCache.insert (SGLang: a finished prefill or request, not an unfinished
+chunk). No torch/simpy/time.
 """
 from __future__ import annotations
 
