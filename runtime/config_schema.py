@@ -63,6 +63,7 @@ class ServerSchema:
     port: int = 30000
     served_model_name: Optional[str] = None    # the `model` name clients send; null = model.name
     startup_timeout_s: float = 1800.0          # wait for the scheduler process (weights, CUDA graphs)
+    graceful_shutdown_s: float = 5.0           # on SIGINT/SIGTERM, in-flight requests may finish this long
 
 
 @dataclass

@@ -102,7 +102,8 @@ def serve_http(cfg: DictConfig, model, addresses, http_pull, ready, children) ->
                    "overlap": bool(cfg.get("overlap", False)), "output_dir": str(cfg.output_dir)}
     app = create_app(manager, metrics, name, limits, server_args, on_startup, on_shutdown)
     server = uvicorn.Server(uvicorn.Config(app, host=cfg.server.host, port=int(cfg.server.port), log_level="warning",
-                                           access_log=False, timeout_graceful_shutdown=5))
+                                           access_log=False,
+                                           timeout_graceful_shutdown=max(float(cfg.server.graceful_shutdown_s), 1e-3)))
     # uvicorn re-raises the signal it caught once it has shut down; land it on a no-op so the
     # children are still stopped and the records reported below.
     for sig in (signal.SIGINT, signal.SIGTERM):

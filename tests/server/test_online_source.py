@@ -1,0 +1,117 @@
+"""The online RequestSource in the real driver loop, without HTTP or a model: requests, stop strings,
+aborts, control requests and shutdown over in-process ZMQ sockets. Torch-free and fast."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+zmq = pytest.importorskip("zmq")
+
+from experiments.compose import compose_config  # noqa: E402
+from runtime.build import build_core  # noqa: E402
+from runtime.core.batch import StepResult  # noqa: E402
+from runtime.core.request import SamplingParams  # noqa: E402
+from runtime.driver import RealDriver  # noqa: E402
+from runtime.server.ipc import (  # noqa: E402
+    AbortReq, BatchOutput, ControlReply, ControlReq, DetokSpec, TokenizedRequest,
+)
+from runtime.server.online_source import OnlineSource  # noqa: E402
+from runtime.server.scheduler_process import SchedulerControl  # noqa: E402
+from runtime.server.tokenizer import ByteTokenizer  # noqa: E402
+
+
+def letters(plan) -> StepResult:
+    """Output token i of every request is the letter chr(65 + i % 26)."""
+    return StepResult([65 + len(it.request.output_ids) % 26 for it in plan.sampling_items])
+
+
+class Harness:
+    def __init__(self, tmp_path, execute=letters):
+        core = build_core(compose_config(["model=tiny_mla_moe", "hardware=cpu", "kv.capacity_tokens=4096"]))
+        self.scheduler = core.scheduler
+        self.ctx = zmq.Context()
+        pull = self.ctx.socket(zmq.PULL)
+        pull.bind("inproc://scheduler")
+        push = self.ctx.socket(zmq.PUSH)
+        push.connect("inproc://out")
+        self.outputs = self.ctx.socket(zmq.PULL)
+        self.outputs.bind("inproc://out")
+        self.send_socket = self.ctx.socket(zmq.PUSH)
+        self.send_socket.connect("inproc://scheduler")
+        control = SchedulerControl(self.scheduler, str(tmp_path), 0.0)
+        control.source = self.source = OnlineSource(pull, push, self.scheduler, ByteTokenizer(512), control)
+        control.driver = self.driver = RealDriver(self.scheduler, execute, progress=False)
+        self.outcome = None
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        self.outcome = self.driver.serve(self.source)
+
+    def send(self, msg):
+        self.send_socket.send_pyobj(msg)
+
+    def request(self, rid: str, max_new_tokens: int, stops=()):
+        sampling = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
+        self.send(TokenizedRequest(rid, [1, 2, 3, 4], sampling, 0.0, DetokSpec([4], stop_strs=tuple(stops))))
+
+    def receive_until(self, done, timeout_ms: int = 20000) -> list:
+        got = []
+        while not done(got):
+            assert self.outputs.poll(timeout_ms), f"no output; got {got}"
+            got.append(self.outputs.recv_pyobj())
+        return got
+
+    def close(self):
+        self.send(ControlReq("shutdown", 99))
+        self.thread.join(20)
+        assert not self.thread.is_alive()
+        self.ctx.destroy(linger=0)
+
+
+def outputs_of(msgs, rid):
+    return [o for m in msgs if isinstance(m, BatchOutput) for o in m.outputs if o.rid == rid]
+
+
+def finished(rid):
+    return lambda msgs: any(o.finish is not None for o in outputs_of(msgs, rid))
+
+
+def test_tokens_stream_out_and_the_stop_string_ends_the_request(tmp_path):
+    h = Harness(tmp_path)
+    try:
+        h.request("plain", 6)
+        h.request("stopped", 50, stops=["DE"])
+        msgs = h.receive_until(lambda m: finished("plain")(m) and finished("stopped")(m))
+        plain, stopped = outputs_of(msgs, "plain"), outputs_of(msgs, "stopped")
+        assert [t for o in plain for t in o.token_ids] == [65, 66, 67, 68, 69, 70]
+        assert plain[0].detok is not None and all(o.detok is None for o in plain[1:])
+        assert plain[-1].finish.reason == "length" and plain[-1].finish.completion_tokens == 6
+        assert [t for o in stopped for t in o.token_ids] == [65, 66, 67, 68, 69]    # up to the E of "DE"
+        end = stopped[-1].finish
+        assert (end.reason, end.matched, end.completion_tokens) == ("stop", "DE", 5)
+        h.send(ControlReq("server_info", 1))
+        info = h.receive_until(lambda m: any(isinstance(x, ControlReply) for x in m))[-1]
+        assert info.ok and info.payload["num_in_flight"] == 0 and info.payload["kv_tokens_held_by_requests"] == 0
+    finally:
+        h.close()
+    reasons = {r.rid: r.finish_reason.value for r in h.outcome.requests}
+    assert reasons == {"plain": "length", "stopped": "stop"}
+
+
+def test_abort_and_shutdown_free_everything(tmp_path):
+    h = Harness(tmp_path)
+    h.request("long", 3000)
+    h.receive_until(lambda m: len(outputs_of(m, "long")) >= 1)
+    h.send(AbortReq("long"))
+    msgs = h.receive_until(finished("long"))
+    assert outputs_of(msgs, "long")[-1].finish.reason == "abort"
+    h.send(ControlReq("flush_cache", 2))
+    reply = h.receive_until(lambda m: any(isinstance(x, ControlReply) for x in m))[-1]
+    assert reply.ok and h.scheduler.kv.used_tokens() == 0
+    h.request("cut by shutdown", 3000)
+    h.receive_until(lambda m: len(outputs_of(m, "cut by shutdown")) >= 1)
+    h.close()
+    assert {r.rid: r.finish_reason.value for r in h.outcome.requests} == {"long": "abort", "cut by shutdown": "abort"}
+    assert not h.scheduler.has_work() and h.scheduler.kv.used_tokens() == h.scheduler.kv.cache.total_size()

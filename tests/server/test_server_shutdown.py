@@ -1,0 +1,82 @@
+"""SIGINT / SIGTERM stop the server in order, even with a stream in flight: exit code 0, no child
+process left, the run's records written (the cut-off request recorded as aborted)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("torch")
+
+from runtime.records_io import read_run  # noqa: E402
+from tests.server.server_process import start_server  # noqa: E402
+
+MODEL = "tiny_mla_moe"
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def read_stream_until_closed(url: str, first_chunk: threading.Event) -> None:
+    body = {"model": MODEL, "prompt": "never ending", "max_tokens": 1800, "ignore_eos": True, "stream": True}
+    try:
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    first_chunk.set()
+    except httpx.HTTPError:
+        pass
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_shutdown_leaves_no_child_and_writes_records(tmp_path, sig):
+    server = start_server(tmp_path, ["server.graceful_shutdown_s=0"])   # in-flight requests are aborted at once
+    try:
+        r = httpx.post(f"{server.url}/v1/completions", json={"model": MODEL, "prompt": "done before the end",
+                                                             "max_tokens": 4, "ignore_eos": True}, timeout=60)
+        assert r.status_code == 200
+        dumped = httpx.post(f"{server.url}/dump_records", json={"dir": str(tmp_path / "dump")}, timeout=60).json()
+        assert dumped["summary"]["num_finished"] == 1
+        children = server.child_pids()
+        assert len(children) >= 2                      # scheduler and detokenizer
+        first_chunk = threading.Event()
+        reader = threading.Thread(target=read_stream_until_closed, args=(server.url, first_chunk), daemon=True)
+        reader.start()
+        assert first_chunk.wait(60)
+        start = time.monotonic()
+        assert server.stop(sig, timeout_s=60) == 0, server.log()
+        assert time.monotonic() - start < 30
+        reader.join(30)
+        assert not reader.is_alive()
+        deadline = time.monotonic() + 10                # multiprocessing's resource tracker exits on EOF
+        while any(alive(pid) for pid in children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [(pid, cmdline(pid)) for pid in children if alive(pid)] == []
+        requests, steps, summary = read_run(server.run_dir)
+        assert sorted(requests["finish_reason"]) == ["abort", "length"]
+        assert summary["num_finished"] == 1 and summary["mode"] == "serve" and len(steps) > 0
+        assert json.loads((tmp_path / "dump" / "summary.json").read_text())["num_requests"] == 1
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+            for pid in server.child_pids():
+                os.kill(pid, signal.SIGKILL)
