@@ -10,7 +10,10 @@ from pathlib import Path
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
+
+from runtime.core.model_config import ModelConfig
 
 if TYPE_CHECKING:
     from runtime.core.layout import ParallelLayout
@@ -72,6 +75,11 @@ class ModelSpec:
         return default if value is None else value
 
     # -- architecture ---------------------------------------------------------------
+    @cached_property
+    def config(self) -> ModelConfig:
+        """The architecture as the runtime's model code reads it (HF defaults filled in)."""
+        return ModelConfig.from_hf(self.hf_config)
+
     @property
     def architecture(self) -> str:
         return str(self.hf_config.get("model_type", ""))
@@ -103,10 +111,9 @@ class ModelSpec:
 
     @property
     def head_dim(self) -> int:
-        """Per-head q/k width: qk_nope + qk_rope for MLA, else head_dim or hidden / heads."""
-        if self.is_mla:
-            return self.qk_nope_head_dim + self.qk_rope_head_dim
-        return int(self._get("head_dim", self.hidden_size // self.num_attention_heads))
+        """Per-head q/k width: qk_nope + qk_rope for MLA, else head_dim or hidden / heads
+        (the same meaning as ModelConfig.head_dim, which it reads)."""
+        return self.config.head_dim
 
     @property
     def kv_lora_rank(self) -> int:

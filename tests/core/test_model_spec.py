@@ -134,3 +134,20 @@ def test_core_modules_import_no_torch_simpy_or_time(module: str) -> None:
     names |= {(n.module or "").split(".")[0] for n in ast.walk(tree)
               if isinstance(n, ast.ImportFrom)}
     assert not names & {"torch", "simpy", "time"}
+
+
+@pytest.mark.parametrize("path", MODEL_YAMLS, ids=lambda p: p.stem)
+def test_one_model_config_for_runtime_and_simulator(path: Path) -> None:
+    """ModelSpec (simulator, KV capacity) and the runtime read the same torch-free ModelConfig,
+    and `head_dim` means the per-head q/k width in both: qk_nope + qk_rope for MLA."""
+    from runtime.core.model_config import ModelConfig as CoreConfig
+    from runtime.models.config import ModelConfig as RuntimeConfig
+    assert CoreConfig is RuntimeConfig
+    spec: ModelSpec = instantiate(OmegaConf.load(path))
+    cfg = spec.config
+    assert spec.head_dim == cfg.head_dim
+    if spec.is_mla:
+        assert cfg.head_dim == spec.qk_nope_head_dim + spec.qk_rope_head_dim
+    else:
+        assert cfg.head_dim == spec.hf_config.get("head_dim", spec.hidden_size // spec.num_attention_heads)
+    assert [cfg.is_moe_layer(i) for i in range(spec.num_layers)] == [spec.is_moe_layer(i) for i in range(spec.num_layers)]
