@@ -38,7 +38,8 @@ async def flush_cache(http: Request):
 @router.post("/dump_records")
 async def dump_records(http: Request):
     """Write requests.parquet, steps.parquet and summary.json of everything served so far into the
-    run directory (or `{"dir": ...}`); returns the directory and the summary."""
+    run directory (or `{"dir": ...}`; `{"rids": [...]}`: only the last request of each of these
+    ids, and the steps from the first one's arrival on); returns the directory and the summary."""
     body = await http.body()
     args = {}
     if body.strip():
@@ -47,9 +48,13 @@ async def dump_records(http: Request):
             args = json.loads(body)
         except ValueError as err:
             raise APIError(f"request body is not valid JSON: {err}") from None
-        if not isinstance(args, dict) or not isinstance(args.get("dir", ""), str):
-            raise APIError("expected {\"dir\": \"path\"}", param="dir")
-    reply = await http.app.state.manager.control("dump_records", {"dir": args.get("dir")}, timeout_s=600.0)
+        if not isinstance(args, dict) or not isinstance(args.get("dir") or "", str):
+            raise APIError("expected {\"dir\": \"path\", \"rids\": [...]}", param="dir")
+        rids = args.get("rids")
+        if rids is not None and not (isinstance(rids, list) and all(isinstance(r, str) for r in rids)):
+            raise APIError("rids must be a list of strings", param="rids")
+    reply = await http.app.state.manager.control("dump_records", {"dir": args.get("dir"), "rids": args.get("rids")},
+                                                 timeout_s=600.0)
     if not reply.ok:
         raise APIError(f"records not written: {reply.payload}", status=500)
     return JSONResponse(reply.payload)

@@ -49,11 +49,27 @@ class SchedulerControl:
                       "kv_tokens_held_by_requests": used - cached, "num_steps": s.step_id,
                       "pid": os.getpid()}
 
-    def dump_records(self, dir: str | None = None) -> tuple[bool, object]:
+    def dump_records(self, dir: str | None = None, rids: list[str] | None = None) -> tuple[bool, object]:
+        requests = self.source.finished
+        if rids is not None:                               # the last request of each id asked for
+            wanted = set(rids)
+            requests = list({r.rid: r for r in requests if r.rid in wanted}.values())
         steps = getattr(self.driver, "steps", None)   # the driver's StepLog, when it keeps one
-        out, summary = write_records(self.source.finished, steps, dir or self.out_dir,
-                                     time.perf_counter() - self.started_s)
+        if steps is not None and rids is not None:
+            steps = steps_since(steps, min((r.arrival_s for r in requests), default=float("inf")))
+        out, summary = write_records(requests, steps, dir or self.out_dir, time.perf_counter() - self.started_s)
         return True, {"dir": str(out), "summary": summary}
+
+
+def steps_since(steps, start_s: float):
+    """A StepLog of the steps that started at or after `start_s`."""
+    from runtime.core.records import StepLog
+
+    keep = [i for i, t in enumerate(steps.columns["start_s"]) if t >= start_s]
+    out = StepLog()
+    for name, values in steps.columns.items():
+        out.columns[name] = [values[i] for i in keep]
+    return out
 
 
 def write_records(requests, steps, out_dir: str | Path, wall_time_s: float, plots: bool = False):

@@ -1,0 +1,306 @@
+"""Serving benchmark: sends a twinserve workload (synthetic or a real trace) to an HTTP server on the
+workload's arrival times (or re-timed Poisson/gamma, or at a fixed concurrency), streams every
+response and writes requests.parquet / steps.parquet / summary.json with the shared metric
+definitions (runtime/metrics.py), so a served run compares with `mode=sim` / `mode=real` of the
+same workload. Works against twinserve, SGLang or any OpenAI-compatible server.
+
+  python experiments/bench_serving.py --url http://127.0.0.1:30000 workload=random workload.request_rate=8
+  python experiments/bench_serving.py --launch --out DIR workload=random workload.request_rate=8   # own server
+  python experiments/bench_serving.py --url URL --backend openai-chat --max-concurrency 64 workload=sharegpt_multiturn
+
+Positional arguments are Hydra overrides (as for run.py): they choose the workload and, with
+--launch, configure the server (model, hardware, policy, ...). Each request asks for exactly its
+workload output length with ignore_eos and the workload's sampling parameters (DESIGN contract 7).
+Token times are client arrival times of the stream chunks (a chunk carrying k tokens stamps k).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import math
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pandas as pd
+from hydra.utils import instantiate
+
+from experiments.compose import compose_config
+from experiments.workloads.arrivals import gamma_arrivals_s, rng_for
+from runtime.core.records import REQUEST_COLUMNS, STEP_COLUMNS
+from runtime.core.request import RequestSpec
+from runtime.metrics import format_summary, summarize
+from runtime.records_io import write_run
+
+BACKENDS = ("openai", "openai-chat", "sglang")
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What the client saw of one request; times in seconds since the benchmark started."""
+
+    spec: RequestSpec
+    sent_s: float
+    token_times_s: list[float] = dataclasses.field(default_factory=list)
+    finish_s: float | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int = 0
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+# -- one request per backend ---------------------------------------------------------------------
+def request_body(backend: str, spec: RequestSpec, model: str, tokenizer) -> tuple[str, dict]:
+    sp = spec.sampling_params()
+    sampling = {"temperature": sp.temperature, "top_p": sp.top_p, "top_k": sp.top_k, "min_p": sp.min_p,
+                "ignore_eos": sp.ignore_eos}
+    if sp.seed is not None:
+        sampling["seed"] = sp.seed
+    if backend == "sglang":
+        return "/generate", {"input_ids": list(spec.input_ids), "stream": True, "rid": spec.rid,
+                             "sampling_params": {**sampling, "max_new_tokens": sp.max_new_tokens}}
+    common = {"model": model, "max_tokens": sp.max_new_tokens, "stream": True, "rid": spec.rid,
+              "stream_options": {"include_usage": True}, **sampling}
+    if backend == "openai":
+        return "/v1/completions", {**common, "prompt": list(spec.input_ids)}
+    text = tokenizer.decode(list(spec.input_ids))
+    return "/v1/chat/completions", {**common, "messages": [{"role": "user", "content": text}]}
+
+
+def on_chunk(backend: str, data: dict, out: Outcome, now_s: float) -> None:
+    """Stamp the tokens one SSE chunk delivered; take counts and finish from it."""
+    if backend == "sglang":
+        meta = data["meta_info"]
+        new = meta["completion_tokens"] - len(out.token_times_s)
+        out.token_times_s.extend([now_s] * max(new, 0))
+        out.prompt_tokens, out.completion_tokens = meta["prompt_tokens"], meta["completion_tokens"]
+        out.cached_tokens = meta.get("cached_tokens") or 0
+        if meta.get("finish_reason"):
+            out.finish_reason = meta["finish_reason"]["type"]
+        return
+    if data.get("usage"):
+        u = data["usage"]
+        out.prompt_tokens, out.completion_tokens = u["prompt_tokens"], u["completion_tokens"]
+        out.cached_tokens = (u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    for choice in data.get("choices") or []:
+        if backend == "openai":
+            piece = choice.get("text")
+        else:
+            delta = choice.get("delta") or {}
+            piece = None if "role" in delta and not delta.get("content") else delta.get("content")
+        finish = choice.get("finish_reason")
+        if piece is not None and (piece or not finish):    # a bare finish chunk delivers no token
+            out.token_times_s.append(now_s)
+        if finish:
+            out.finish_reason = finish
+
+
+def settle(out: Outcome) -> None:
+    """OpenAI chunks do not say how many tokens they carry: tokens beyond the chunks counted are
+    stamped at the finish (usage.completion_tokens is the truth)."""
+    if out.completion_tokens is not None and out.finish_s is not None:
+        missing = out.completion_tokens - len(out.token_times_s)
+        out.token_times_s.extend([out.finish_s] * max(missing, 0))
+        del out.token_times_s[out.completion_tokens:]
+
+
+async def send_one(client: httpx.AsyncClient, backend: str, spec: RequestSpec, model: str, tokenizer,
+                   origin: float) -> Outcome:
+    path, body = request_body(backend, spec, model, tokenizer)
+    out = Outcome(spec, time.perf_counter() - origin)
+    try:
+        async with client.stream("POST", path, json=body) as r:
+            if r.status_code != 200:
+                out.error = f"HTTP {r.status_code}: {(await r.aread())[:300]!r}"
+                return out
+            async for line in r.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == "[DONE]":
+                    break
+                on_chunk(backend, json.loads(payload), out, time.perf_counter() - origin)
+        out.finish_s = time.perf_counter() - origin
+        settle(out)
+    except (httpx.HTTPError, ValueError, KeyError) as err:
+        out.error = f"{type(err).__name__}: {err}"
+    return out
+
+
+async def run_load(url: str, backend: str, specs: list[RequestSpec], max_concurrency: int | None,
+                   model: str, tokenizer, progress: bool) -> tuple[list[Outcome], float]:
+    """Send every spec at its arrival_s (seconds after the start), at most `max_concurrency` at once."""
+    limit = asyncio.Semaphore(max_concurrency or len(specs) or 1)
+    limits = httpx.Limits(max_connections=max_concurrency or max(len(specs), 1), max_keepalive_connections=None)
+    async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(None), limits=limits) as client:
+        origin = time.perf_counter()
+        done = 0
+
+        async def one(spec: RequestSpec) -> Outcome:
+            nonlocal done
+            delay = spec.arrival_s - (time.perf_counter() - origin)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            async with limit:
+                out = await send_one(client, backend, spec, model, tokenizer, origin)
+            done += 1
+            if progress and (done % max(1, len(specs) // 20) == 0 or done == len(specs)):
+                print(f"  {done}/{len(specs)} requests done", file=sys.stderr, flush=True)
+            return out
+
+        outcomes = await asyncio.gather(*(one(s) for s in specs))
+        return list(outcomes), time.perf_counter() - origin
+
+
+# -- records -------------------------------------------------------------------------------------
+def requests_frame(outcomes: list[Outcome]) -> pd.DataFrame:
+    """The client's view in the shared requests.parquet schema (arrival = when the request was sent)."""
+    rows = []
+    for o in sorted(outcomes, key=lambda o: (o.sent_s, o.spec.rid)):
+        ok = o.error is None and o.finish_s is not None
+        times = list(o.token_times_s) if ok else []
+        rows.append({
+            "rid": o.spec.rid, "arrival_s": o.sent_s, "admitted_s": None,
+            "first_token_s": times[0] if times else None, "finish_s": o.finish_s if ok else o.sent_s,
+            "input_tokens": o.prompt_tokens if o.prompt_tokens is not None else len(o.spec.input_ids),
+            "output_tokens": o.completion_tokens if o.completion_tokens is not None else len(times),
+            "cached_tokens": o.cached_tokens,
+            "finish_reason": ("length" if o.finish_reason == "too_long" else o.finish_reason) if ok else "error",
+            "num_retractions": 0, "priority": o.spec.priority, "token_times_s": times,
+        })
+    return pd.DataFrame(rows, columns=list(REQUEST_COLUMNS))
+
+
+def retimed(specs: list[RequestSpec], request_rate: float, burstiness: float, seed: int) -> list[RequestSpec]:
+    """The same requests in the same order on gamma arrivals (burstiness 1 = Poisson; inf = all at 0)."""
+    arrivals = gamma_arrivals_s(rng_for(seed, "bench_serving.arrivals"), len(specs), request_rate, burstiness)
+    return [dataclasses.replace(s, arrival_s=float(t)) for s, t in zip(specs, arrivals)]
+
+
+# -- a server of our own -------------------------------------------------------------------------
+@contextlib.contextmanager
+def launched_server(overrides: list[str], run_dir: Path, port: int, timeout_s: float = 1800.0):
+    """`python run.py mode=serve <overrides>` until the block ends (SIGTERM: it writes its records)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "run.py", "mode=serve", *overrides, f"server.port={port}", "progress=false",
+           f"hydra.run.dir={run_dir}"]
+    log = open(run_dir / "server.log", "wb")
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the server exited with {proc.returncode}; see {run_dir / 'server.log'}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the server was not healthy within {timeout_s:.0f} s")
+            time.sleep(1.0)
+        yield url
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(300)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.close()
+
+
+def served_model(url: str) -> str:
+    r = httpx.get(f"{url}/v1/models", timeout=30)
+    r.raise_for_status()
+    return r.json()["data"][0]["id"]
+
+
+def dump_server_records(url: str, out_dir: Path, rids: list[str]) -> dict | None:
+    """twinserve's own records of these requests (server-side times, the workload's rids) into
+    out_dir/server; None from a server without /dump_records."""
+    with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
+        r = httpx.post(f"{url}/dump_records", json={"dir": str(out_dir / "server"), "rids": rids}, timeout=600)
+        if r.status_code == 200:
+            return r.json()["summary"]
+    return None
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--url", help="base URL of a running server, e.g. http://127.0.0.1:30000")
+    target.add_argument("--launch", action="store_true", help="start `run.py mode=serve <overrides>` and stop it after")
+    parser.add_argument("--backend", choices=BACKENDS, default="openai",
+                        help="openai: /v1/completions with token-id prompts (exact input lengths); sglang: "
+                             "/generate with input_ids; openai-chat: /v1/chat/completions with decoded text")
+    parser.add_argument("--request-rate", type=float, default=None,
+                        help="replace the workload's arrival times by gamma arrivals at this rate (req/s; inf = all at 0)")
+    parser.add_argument("--burstiness", type=float, default=1.0, help="gamma shape (1 = Poisson)")
+    parser.add_argument("--max-concurrency", type=int, default=None, help="at most this many requests in flight")
+    parser.add_argument("--num-requests", type=int, default=None, help="only the first N requests of the workload")
+    parser.add_argument("--out", default=None, help="output directory (default outputs/bench_serving/<time>)")
+    parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides (workload=..., model=..., ...)")
+    args = parser.parse_args(argv)
+
+    cfg = compose_config(args.overrides)
+    specs = instantiate(cfg.workload).requests()[:args.num_requests]
+    if args.request_rate is not None:
+        specs = retimed(specs, args.request_rate, args.burstiness, int(cfg.seed))
+    t0 = min((s.arrival_s for s in specs), default=0.0)
+    specs = [dataclasses.replace(s, arrival_s=s.arrival_s - t0) for s in specs]
+    tokenizer = None
+    if args.backend == "openai-chat":
+        from runtime.server.tokenizer import load_tokenizer
+        tokenizer = load_tokenizer(cfg.tokenizer.path, int(cfg.model.hf_config.vocab_size))
+    out_dir = Path(args.out or f"outputs/bench_serving/{time.strftime('%Y-%m-%d_%H-%M-%S')}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    with (launched_server(args.overrides, out_dir / "server_run", free_port()) if args.launch
+          else contextlib.nullcontext(args.url.rstrip("/"))) as url:
+        model = served_model(url)
+        wall = time.perf_counter()
+        outcomes, duration_s = asyncio.run(run_load(url, args.backend, specs, args.max_concurrency, model,
+                                                    tokenizer, not args.quiet))
+        wall_s = time.perf_counter() - wall
+        server_summary = dump_server_records(url, out_dir, [s.rid for s in specs])
+
+    requests = requests_frame(outcomes)
+    steps = pd.DataFrame({c: [] for c in STEP_COLUMNS})
+    summary = summarize(requests, steps, mode="bench_serving", wall_time_s=wall_s)
+    errors = [o.error for o in outcomes if o.error]
+    rate = args.request_rate if args.request_rate is not None else cfg.workload.get("request_rate")
+    summary.update(url=url if args.url else "launched", backend=args.backend, model=model,
+                   request_rate=None if rate is None or (isinstance(rate, float) and math.isinf(rate)) else rate,
+                   burstiness=args.burstiness, max_concurrency=args.max_concurrency, overrides=list(args.overrides),
+                   num_errors=len(errors), first_errors=errors[:5], send_duration_s=duration_s,
+                   server_summary=server_summary)
+    write_run(out_dir, requests, steps, summary, plots=False)
+    if not args.quiet:
+        print(format_summary(summary))
+        if errors:
+            print(f"{len(errors)} requests failed, e.g. {errors[0]}")
+        print(f"records in {out_dir}")
+    return summary
+
+
+if __name__ == "__main__":
+    main()
