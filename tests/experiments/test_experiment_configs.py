@@ -1,0 +1,63 @@
+"""Every experiment config (conf/experiment/) composes with each value of each swept key, builds
+its core components and workload, and runs through Hydra's joblib launcher."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+
+from experiments.compose import CONF_DIR, compose_config
+from runtime.build import build_core
+from runtime.config_schema import register_schemas
+from tests.experiments.trace_files import default_traces
+
+EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
+TRACE_FORMATS = {"mooncake": "mooncake", "sharegpt": "sharegpt", "azure": "azure", "arxiv": "arxiv"}
+
+
+def hydra_node(experiment: str):
+    register_schemas()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=[f"+experiment={experiment}"], return_hydra_config=True).hydra
+
+
+def swept_values(experiment: str) -> list[str]:
+    """One override per value of every swept key (`policy=lpm`, `kv.capacity_tokens=null`, ...)."""
+    params = hydra_node(experiment).sweeper.params
+    return [f"{key}={value.strip()}" for key, values in params.items() for value in str(values).split(",")]
+
+
+def with_trace(overrides: list[str], tmp_path: Path) -> list[str]:
+    """Point a trace workload at a small self-written trace where ../shared/data is absent."""
+    cfg = compose_config(overrides)
+    path = cfg.workload.get("path")
+    if path is None or (CONF_DIR.parent / path).exists() or Path(path).exists():
+        return overrides
+    fmt = next(v for k, v in TRACE_FORMATS.items() if k in cfg.workload._target_.lower())
+    return overrides + [f"workload.path={default_traces(tmp_path)[fmt]}"]
+
+
+def test_there_are_studies():
+    assert {"policy_study", "eviction_study", "layout_study"} <= set(EXPERIMENTS)
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_experiment_sweeps_with_the_joblib_launcher(experiment):
+    node = hydra_node(experiment)
+    assert "joblib" in node.launcher._target_.lower()
+    assert len(node.sweeper.params) >= 1
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_swept_value_composes_and_builds(experiment, tmp_path):
+    base = with_trace([f"+experiment={experiment}"], tmp_path)
+    assert len(instantiate(compose_config(base).workload).requests()) > 0
+    for override in swept_values(experiment):
+        cfg = compose_config(base + [override])
+        key, value = override.split("=", 1)
+        if "." not in key and key in cfg and isinstance(cfg[key], (int, float)):
+            assert str(cfg[key]) == value
+        core = build_core(cfg)
+        assert core.kv_capacity_tokens > 0
