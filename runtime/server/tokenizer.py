@@ -31,6 +31,14 @@ class Tokenizer(Protocol):
     ) -> str: ...
 
 
+def default_chat_template(messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
+    """The documented default chat template (the byte tokenizer's, and that of a Hugging Face
+    tokenizer without one): each message as "<|role|>\\ncontent\\n", then "<|assistant|>\\n" when
+    add_generation_prompt. E.g. [{"role": "user", "content": "hi"}] -> "<|user|>\\nhi\\n<|assistant|>\\n"."""
+    text = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages)
+    return text + ("<|assistant|>\n" if add_generation_prompt else "")
+
+
 class ByteTokenizer:
     """Ids 0..255 are the UTF-8 bytes; 256, 257, 258 are bos, eos, pad.
 
@@ -89,11 +97,7 @@ class ByteTokenizer:
     def apply_chat_template(
         self, messages: Sequence[Message], add_generation_prompt: bool = True
     ) -> str:
-        """Each message as "<|role|>\\ncontent\\n"; then "<|assistant|>\\n" when
-        add_generation_prompt. E.g. [{"role": "user", "content": "hi"}] ->
-        "<|user|>\\nhi\\n<|assistant|>\\n"."""
-        text = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages)
-        return text + ("<|assistant|>\n" if add_generation_prompt else "")
+        return default_chat_template(messages, add_generation_prompt)
 
 
 class HFTokenizer:
@@ -127,6 +131,9 @@ class HFTokenizer:
     def apply_chat_template(
         self, messages: Sequence[Message], add_generation_prompt: bool = True
     ) -> str:
+        """The tokenizer's own template; the documented default when it has none."""
+        if not getattr(self.hf_tokenizer, "chat_template", None):
+            return default_chat_template(messages, add_generation_prompt)
         return self.hf_tokenizer.apply_chat_template(
             list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
         )
