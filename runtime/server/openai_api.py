@@ -11,7 +11,7 @@ from pydantic import BaseModel, ValidationError
 
 from runtime.server.errors import APIError, from_validation_error
 from runtime.server.outputs import (
-    OPENAI_FINISH, collect_outputs, gather, sse, stream_outputs, usage,
+    OPENAI_FINISH, TEXT_SLOT, collect_outputs, gather, sse, sse_with_text, stream_outputs, usage,
 )
 from runtime.server.protocol import ChatCompletionRequest, CompletionRequest
 from runtime.server.tokenizer_manager import ReqState, TokenizerManager
@@ -63,11 +63,13 @@ async def _chat_stream(manager: TokenizerManager, state: ReqState, head: dict,
     head = {**head, "object": "chat.completion.chunk"}
     chunk = lambda delta, finish=None: sse({**head, "choices": [   # noqa: E731
         {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]})
+    content = sse_with_text({**head, "choices": [{"index": 0, "delta": {"content": TEXT_SLOT}, "logprobs": None,
+                                                  "finish_reason": None}]})
     yield chunk({"role": "assistant", "content": ""})
     async for batch in stream_outputs(manager, state):
         text, ids = gather(batch)
         if text or ids:                  # a chunk per delivery, even when its tokens decode to ""
-            yield chunk({"content": text})
+            yield content(text)
     yield chunk({}, OPENAI_FINISH[state.finish.reason])
     if include_usage:
         yield sse({**head, "choices": [], "usage": usage(state.finish)})
@@ -93,11 +95,15 @@ async def completions(http: Request):
 async def _completion_stream(manager: TokenizerManager, state: ReqState, head: dict,
                              include_usage: bool) -> AsyncIterator[str]:
     head = {**head, "object": "text_completion"}
+    piece = sse_with_text({**head, "choices": [{"index": 0, "text": TEXT_SLOT, "logprobs": None,
+                                                "finish_reason": None}]})
     async for batch in stream_outputs(manager, state):
         text, ids = gather(batch)
-        finish = OPENAI_FINISH[state.finish.reason] if batch[-1].finish is not None else None
-        if text or ids or finish:
-            yield sse({**head, "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]})
+        if batch[-1].finish is not None:
+            yield sse({**head, "choices": [{"index": 0, "text": text, "logprobs": None,
+                                            "finish_reason": OPENAI_FINISH[state.finish.reason]}]})
+        elif text or ids:
+            yield piece(text)
     if include_usage:
         yield sse({**head, "choices": [], "usage": usage(state.finish)})
     yield sse("[DONE]")

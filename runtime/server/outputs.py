@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from starlette.requests import Request as HTTPRequest
 
@@ -13,6 +13,7 @@ from runtime.server.ipc import Finish, TextOutput
 from runtime.server.tokenizer_manager import ReqState, TokenizerManager
 
 DISCONNECT_POLL_S = 1.0
+TEXT_SLOT = "\x00text\x00"
 OPENAI_FINISH = {"stop": "stop", "length": "length", "too_long": "length", "abort": "abort"}
 
 
@@ -58,6 +59,13 @@ async def collect_outputs(manager: TokenizerManager, state: ReqState, http: HTTP
 
 def sse(payload: dict | str) -> str:
     return f"data: {payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+def sse_with_text(payload: dict) -> Callable[[str], str]:
+    """An SSE event maker for `payload` whose one value TEXT_SLOT becomes the given text: the JSON
+    around it is serialized once per request, not once per token."""
+    prefix, suffix = sse(payload).split(json.dumps(TEXT_SLOT))
+    return lambda text: prefix + json.dumps(text, ensure_ascii=False) + suffix
 
 
 def usage(finish: Finish) -> dict:
