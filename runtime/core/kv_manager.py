@@ -37,8 +37,8 @@ class KVManager:
         """Longest cached prefix of the request's tokens, leaving at least one token to compute
         (the last position must run through the model to give logits). With `now` the matched
         nodes count as accessed at `now` (SGLang's match_prefix). Mutates no request."""
-        fill = req.input_ids + req.output_ids if req.output_ids else req.input_ids
-        return self.cache.match_prefix(fill, max_tokens=len(fill) - 1, now=now)
+        tokens = req.tokens()
+        return self.cache.match_prefix(tokens, max_tokens=len(tokens) - 1, now=now)
 
     @staticmethod
     def newly_protected_tokens(match: MatchResult) -> int:
@@ -119,8 +119,8 @@ class KVManager:
         aligned = self._aligned(req.num_computed_tokens)
         if not self.cache.enabled or aligned <= req.num_locked_prefix_tokens:
             return req.num_locked_prefix_tokens
-        fill = req.fill_ids
-        already = self.cache.insert(fill[:aligned], req.kv_slots[:aligned], now, req.priority, count_hit)
+        tokens = req.input_ids if aligned <= len(req.input_ids) else req.tokens()   # no copy of a prompt
+        already = self.cache.insert(tokens, req.kv_slots, now, req.priority, count_hit, num_tokens=aligned)
         if already > req.num_locked_prefix_tokens:
             self.allocator.free(req.kv_slots[req.num_locked_prefix_tokens:already])
         return aligned
@@ -132,7 +132,8 @@ class KVManager:
         aligned = self._insert_computed(req, now, count_hit=not chunked)
         if aligned <= req.num_locked_prefix_tokens:
             return
-        match = self.cache.match_prefix(req.fill_ids[:aligned])
+        tokens = req.input_ids if aligned <= len(req.input_ids) else req.tokens()
+        match = self.cache.match_prefix(tokens, max_tokens=aligned)
         assert match.length == aligned, f"cache lost tokens of {req.rid}: {match.length} != {aligned}"
         self.cache.lock(match.node, now, req.priority)
         self.cache.unlock(req.cache_node, now)

@@ -128,6 +128,11 @@ class Request:
     def fill_ids(self) -> list[int]:
         return self.input_ids + self.output_ids
 
+    def tokens(self) -> list[int]:
+        """Every token the request knows, without a copy while it has no output yet (callers must
+        not mutate the list; `fill_ids` is the copy)."""
+        return self.input_ids + self.output_ids if self.output_ids else self.input_ids
+
     @property
     def num_fill_tokens(self) -> int:
         return len(self.input_ids) + len(self.output_ids)

@@ -32,9 +32,14 @@ def rids(reqs):
     return [r.rid for r in reqs]
 
 
-def test_fcfs_orders_by_arrival():
-    queue = [req("b", [1], 2.0), req("a", [2], 1.0), req("c", [3], 3.0)]
-    assert rids(FCFSPolicy().order(queue, cache_with(), 0.0)) == ["a", "b", "c"]
+def test_fcfs_keeps_the_arrival_order_the_scheduler_keeps():
+    queue = [req("a", [2], 1.0), req("b", [1], 2.0), req("c", [3], 3.0)]
+    order = FCFSPolicy().order(queue, cache_with(), 0.0)
+    assert rids(order) == ["a", "b", "c"] and order is not queue
+    sched = make_scheduler(capacity=5000, chunked_prefill_size=0, max_prefill_tokens=2)
+    for rid, arrival in (("late", 2.0), ("early", 1.0), ("mid", 1.5)):
+        sched.add(req(rid, [7, 8], arrival, out=2), arrival)
+    assert [r.rid for r in sched.waiting] == ["early", "mid", "late"]
 
 
 def test_lpm_longest_cached_prefix_first_with_fcfs_ties():
@@ -126,7 +131,7 @@ def test_random_is_a_seeded_permutation():
 
 
 def test_priority_orders_by_priority_then_arrival():
-    queue = [req("lo", [1], 0.0, priority=1), req("hi", [2], 2.0, priority=9), req("hi_early", [3], 1.0, priority=9)]
+    queue = [req("lo", [1], 0.0, priority=1), req("hi_early", [3], 1.0, priority=9), req("hi", [2], 2.0, priority=9)]
     assert rids(PriorityPolicy().order(queue, cache_with(), 0.0)) == ["hi_early", "hi", "lo"]
     assert rids(PriorityPolicy(low_value_first=True).order(queue, cache_with(), 0.0))[0] == "lo"
 

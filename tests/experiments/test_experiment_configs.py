@@ -23,10 +23,12 @@ def hydra_node(experiment: str):
         return compose(config_name="config", overrides=[f"+experiment={experiment}"], return_hydra_config=True).hydra
 
 
-def swept_values(experiment: str) -> list[str]:
-    """One override per value of every swept key (`policy=lpm`, `kv.capacity_tokens=null`, ...)."""
-    params = hydra_node(experiment).sweeper.params
-    return [f"{key}={value.strip()}" for key, values in params.items() for value in str(values).split(",")]
+def swept_jobs(experiment: str) -> list[list[str]]:
+    """For every value of every swept key, one job's overrides: that value, and the first value
+    of each other swept key (`policy=lpm`, `kv.capacity_tokens=null`, ...)."""
+    params = {k: [v.strip() for v in str(vs).split(",")] for k, vs in hydra_node(experiment).sweeper.params.items()}
+    firsts = {k: f"{k}={vs[0]}" for k, vs in params.items()}
+    return [[*{**firsts, key: f"{key}={value}"}.values()] for key, values in params.items() for value in values]
 
 
 def with_trace(overrides: list[str], tmp_path: Path) -> list[str]:
@@ -54,10 +56,10 @@ def test_experiment_sweeps_with_the_joblib_launcher(experiment):
 def test_every_swept_value_composes_and_builds(experiment, tmp_path):
     base = with_trace([f"+experiment={experiment}"], tmp_path)
     assert len(instantiate(compose_config(base).workload).requests()) > 0
-    for override in swept_values(experiment):
-        cfg = compose_config(base + [override])
-        key, value = override.split("=", 1)
-        if "." not in key and key in cfg and isinstance(cfg[key], (int, float)):
-            assert str(cfg[key]) == value
+    for job in swept_jobs(experiment):
+        cfg = compose_config(base + job)
+        for key, value in (o.split("=", 1) for o in job):
+            if key in cfg and isinstance(cfg[key], (int, float)):
+                assert str(cfg[key]) == value
         core = build_core(cfg)
         assert core.kv_capacity_tokens > 0

@@ -16,14 +16,14 @@ class KVSlotAllocator:
     """Paged allocator over integer KV slot indices [0, num_slots). A page is page_size consecutive
     slots starting at a multiple of page_size. Capacity is floor(num_slots/page_size)*page_size.
 
-    State: a LIFO free list of page indices (pages freed last are reused first, in the order they
-    were passed to `free`) and one byte per page (1 = allocated, a numpy array so that large
-    allocations and frees mark their pages at C speed) for double-free detection.
-    Initially pages come out in ascending order. Pages never handed out yet are not listed: they
-    sit below the free list as the range [fresh_page, num_pages), taken in ascending order once
-    the list is empty (the same order a full list would give, without a Python int per page --
-    a simulated H200 holds millions of slots, and dp replicas each hold their own allocator).
-    With page_size == 1 a page index *is* a slot index, so allocation is one list slice.
+    State: a LIFO stack of free page indices in a numpy array (pages freed last are reused first,
+    in the order they were passed to `free`; one slice to allocate, one block write to free) and
+    one byte per page (1 = allocated) for double-free detection, marked in one vectorised write.
+    Pages never handed out yet are not on the stack: they sit below it as the range
+    [fresh_page, num_pages), taken in ascending order once the stack is empty (the order a full
+    stack would give, with O(1) construction -- a simulated H200 holds millions of slots, and dp
+    replicas each hold their own allocator). Initially pages come out in ascending order.
+    Slots come out as Python lists; `free` takes any sequence of ints (a numpy array is not copied).
     """
 
     def __init__(self, num_slots: int, page_size: int = 1) -> None:
@@ -33,7 +33,8 @@ class KVSlotAllocator:
             raise ValueError(f"num_slots ({num_slots}) must hold at least one page of {page_size}")
         self.page_size: int = page_size
         self.num_pages: int = num_slots // page_size
-        self._free_pages: list[int] = []
+        self._stack = np.empty(0, dtype=np.int64)   # free pages; the top is _stack[_top - 1]
+        self._top = 0
         self._fresh_page = 0
         self._page_allocated = np.zeros(self.num_pages, dtype=np.uint8)
         self.reset()
@@ -45,11 +46,11 @@ class KVSlotAllocator:
 
     @property
     def num_free_pages(self) -> int:
-        return len(self._free_pages) + self.num_pages - self._fresh_page
+        return self._top + self.num_pages - self._fresh_page
 
     @property
     def num_free_slots(self) -> int:
-        return self.num_free_pages * self.page_size
+        return (self._top + self.num_pages - self._fresh_page) * self.page_size
 
     @property
     def num_used_slots(self) -> int:
@@ -88,12 +89,17 @@ class KVSlotAllocator:
             )
         if num_tokens == 0:
             return []
-        if self.page_size == 1:
+        ps = self.page_size
+        if ps == 1:
             return self._take_pages(needed_pages)
         slots = self._continue_last_page(start_pos, num_tokens, last_slot)
-        ps = self.page_size
-        for page in self._take_pages(needed_pages):
-            slots.extend(range(page * ps, page * ps + ps))
+        pages = self._take_pages(needed_pages)
+        if len(pages) >= _VECTOR_MIN:
+            offsets = np.arange(ps, dtype=np.int64)
+            slots.extend((np.array(pages, dtype=np.int64)[:, None] * ps + offsets).ravel().tolist())
+        else:
+            for page in pages:
+                slots.extend(range(page * ps, page * ps + ps))
         del slots[num_tokens:]  # the last page may be only partly used
         return slots
 
@@ -113,51 +119,84 @@ class KVSlotAllocator:
         return list(range(last_slot + 1, last_slot + 1 + num_in_page))
 
     def _take_pages(self, num_pages: int) -> list[int]:
-        """Pop `num_pages` pages off the free list (C-speed slice), then off the never-used
-        range, and mark them allocated."""
+        """Pop `num_pages` pages off the stack (the top first), then off the never-used range,
+        and mark them allocated."""
         if num_pages == 0:
             return []
-        free = self._free_pages
-        pages = free[-num_pages:]
-        del free[-num_pages:]
-        pages.reverse()
-        fresh = num_pages - len(pages)
-        if fresh:
-            pages.extend(range(self._fresh_page, self._fresh_page + fresh))
-            self._fresh_page += fresh
+        top = self._top
+        from_stack = min(num_pages, top)
+        fresh = num_pages - from_stack
         allocated = self._page_allocated
-        if num_pages >= _VECTOR_MIN:
-            allocated[np.array(pages)] = 1
-        else:
+        if num_pages < _VECTOR_MIN:
+            stack = self._stack
+            pages = [int(stack[i]) for i in range(top - 1, top - 1 - from_stack, -1)]
+            pages.extend(range(self._fresh_page, self._fresh_page + fresh))
             for page in pages:
                 allocated[page] = 1
+        else:
+            index = self._stack[top - from_stack:top][::-1]                 # [from_stack] view
+            if fresh:
+                index = np.concatenate((index, np.arange(self._fresh_page, self._fresh_page + fresh)))
+            allocated[index] = 1
+            pages = index.tolist()
+        self._top = top - from_stack
+        self._fresh_page += fresh
         return pages
 
     # -- release ----------------------------------------------------------------------
     def free(self, slots: Iterable[int]) -> None:
         """Free every page that contains one of `slots`. ValueError on an out-of-range slot or a
         page that is already free (double free); on error nothing is freed."""
-        slots = slots if isinstance(slots, list) else list(slots)
+        if isinstance(slots, np.ndarray):
+            index = slots.astype(np.int64, copy=False)
+        else:
+            slots = slots if isinstance(slots, list) else list(slots)
+            if len(slots) < _VECTOR_MIN:
+                self._free_small(slots)
+                return
+            index = np.fromiter(slots, dtype=np.int64, count=len(slots))
+        if index.size == 0:
+            return
+        self._check_range(int(index.min()), int(index.max()))
+        ps = self.page_size
+        if ps == 1:
+            pages = index
+            repeated = pages.size > 1 and bool((np.diff(np.sort(pages)) == 0).any())
+        else:
+            raw = index // ps
+            _, first = np.unique(raw, return_index=True)
+            pages = raw[np.sort(first)]                      # distinct, in the order first named
+            repeated = False
+        allocated = self._page_allocated
+        if repeated or not allocated[pages].all():
+            self._raise_double_free(pages.tolist())
+        allocated[pages] = 0
+        self._push(pages)
+
+    def _free_small(self, slots: list[int]) -> None:
         if not slots:
             return
         self._check_range(min(slots), max(slots))
         ps = self.page_size
         pages = slots if ps == 1 else list(dict.fromkeys(slot // ps for slot in slots))
         allocated = self._page_allocated
-        if len(pages) >= _VECTOR_MIN:
-            index = np.array(pages)
-            flags = allocated[index]
-            if not flags.all() or len(set(pages)) != len(pages):
+        for i, page in enumerate(pages):
+            if not allocated[page]:
+                for done in pages[:i]:  # roll back: the call frees all or nothing
+                    allocated[done] = 1
                 self._raise_double_free(pages)
-            allocated[index] = 0
-        else:
-            for i, page in enumerate(pages):
-                if not allocated[page]:
-                    for done in pages[:i]:  # roll back: the call frees all or nothing
-                        allocated[done] = 1
-                    self._raise_double_free(pages)
-                allocated[page] = 0
-        self._free_pages.extend(reversed(pages))  # so they come back out in the order given
+            allocated[page] = 0
+        self._push(np.array(pages, dtype=np.int64))
+
+    def _push(self, pages: np.ndarray) -> None:
+        """Put freed pages on the stack so that they come back out in the order given."""
+        top, n = self._top, pages.size
+        if top + n > self._stack.size:
+            grown = np.empty(max(2 * self._stack.size, top + n, 1024), dtype=np.int64)
+            grown[:top] = self._stack[:top]
+            self._stack = grown
+        self._stack[top:top + n] = pages[::-1]
+        self._top = top + n
 
     def _raise_double_free(self, pages: list[int]) -> None:
         """Name the first page of `pages` that is free or repeated (nothing has been freed)."""
@@ -170,7 +209,8 @@ class KVSlotAllocator:
 
     def reset(self) -> None:
         """Free everything; the next allocations come out in ascending order again."""
-        self._free_pages = []
+        self._stack = np.empty(0, dtype=np.int64)
+        self._top = 0
         self._fresh_page = 0
         self._page_allocated = np.zeros(self.num_pages, dtype=np.uint8)
 

@@ -104,9 +104,10 @@ class RadixCache:
         return MatchResult(pos, slots, node)
 
     def insert(self, token_ids: Sequence[int], slots: Sequence[int], now: float, priority: int = 0,
-               count_hit: bool = True) -> int:
+               count_hit: bool = True, num_tokens: int | None = None) -> int:
         """Cache `token_ids` -> `slots` (equal lengths; only the page-aligned head is inserted, the
-        unaligned tail is ignored). Returns how many leading tokens (page-aligned) were ALREADY in
+        unaligned tail is ignored). With `num_tokens`, only the first num_tokens of both (which
+        may be longer) count, and no copy is made of lists beyond what the tree keeps. Returns how many leading tokens (page-aligned) were ALREADY in
         the tree; for those the tree keeps its own slots. Never frees. The caller, which holds a
         lock on its first `locked` tokens (the tree's own slots), then frees its duplicates
         slots[locked:returned] and, when done with them, its tail slots[aligned_len:]; the tree
@@ -116,20 +117,25 @@ class RadixCache:
         every node of the inserted path, the new leaf included, counts one hit (hit_count += 1):
         SGLang counts LFU hits here and not for the inserts of unfinished chunks
         (RadixCache._insert_helper / _inc_hit_count with chunked=True)."""
-        if len(slots) != len(token_ids):
-            raise ValueError(f"insert needs one slot per token: {len(token_ids)} tokens, {len(slots)} slots")
+        if num_tokens is None:
+            if len(slots) != len(token_ids):
+                raise ValueError(f"insert needs one slot per token: {len(token_ids)} tokens, {len(slots)} slots")
+            num_tokens = len(token_ids)
+        elif not 0 <= num_tokens <= min(len(token_ids), len(slots)):
+            raise ValueError(f"insert of {num_tokens} tokens from {len(token_ids)} tokens, {len(slots)} slots")
         if not self.enabled:
             return 0
-        key = self._aligned_key(token_ids)
+        key = token_ids if isinstance(token_ids, list) else list(token_ids[:num_tokens])
+        limit = num_tokens - num_tokens % self.page_size
         node, pos = self.root, 0
-        while pos < len(key):
+        while pos < limit:
             child = node.children.get(edge_key(key, pos, self.page_size))
             if child is None:
-                leaf_slots = slots[pos:len(key)]
-                self._add_leaf(node, key[pos:], leaf_slots if isinstance(leaf_slots, list) else list(leaf_slots),
+                leaf_slots = slots[pos:limit]
+                self._add_leaf(node, key[pos:limit], leaf_slots if isinstance(leaf_slots, list) else list(leaf_slots),
                                now, priority, hit_count=int(count_hit))
                 return pos
-            matched = self._matched_len(key, pos, child)
+            matched = self._matched_len(key, pos, child, limit)
             if matched < len(child.key):
                 child = self._split(child, matched)
             child.last_access_s = now

@@ -4,7 +4,6 @@ Must not import torch, simpy or time.
 """
 from __future__ import annotations
 
-import operator
 from typing import Callable, Protocol
 
 from runtime.core.cache.radix_cache import MatchResult
@@ -15,7 +14,9 @@ MatchFn = Callable[[Request], MatchResult]
 
 class SchedulePolicy(Protocol):
     """`order(waiting, match, now)` returns every waiting request once, in the order admission
-    should try them this step (SGLang's SchedulePolicy.calc_priority). It mutates no request;
+    should try them this step (SGLang's SchedulePolicy.calc_priority). `waiting` comes in arrival
+    order (the scheduler keeps its queue so; ties in insertion order) and is not to be mutated:
+    return a new list. It mutates no request;
     cache-aware policies call `match(req)` for each request's cached prefix (the scheduler
     reuses those matches for admission in the same step).
 
@@ -56,11 +57,3 @@ def effective_policy(policy: SchedulePolicy, cache_enabled: bool) -> SchedulePol
         return FCFSPolicy()
     return policy
 
-
-_ARRIVAL = operator.attrgetter("arrival_s")
-
-
-def by_arrival(waiting: list[Request]) -> list[Request]:
-    """First come, first served; stable on equal arrival times (the queue's insertion order).
-    (The scheduler keeps its queue in this order, so this is a linear pass in practice.)"""
-    return sorted(waiting, key=_ARRIVAL)

@@ -7,7 +7,7 @@ Must not import torch, simpy or time.
 from __future__ import annotations
 
 from runtime.core.cache.tree_node import TreeNode
-from runtime.core.policy.base import MatchFn, PolicyDefaults, by_arrival
+from runtime.core.policy.base import MatchFn, PolicyDefaults
 from runtime.core.request import Request
 
 
@@ -25,7 +25,7 @@ class DFSWeightPolicy(PolicyDefaults):
         self.max_queue_for_matching = max_queue_for_matching
 
     def order(self, waiting: list[Request], match: MatchFn, now: float) -> list[Request]:
-        queue = by_arrival(waiting)
+        queue = list(waiting)
         if not queue or (self.max_queue_for_matching is not None and len(queue) > self.max_queue_for_matching):
             return queue
         at_node: dict[int, list[Request]] = {}

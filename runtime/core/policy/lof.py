@@ -4,10 +4,10 @@ Must not import torch, simpy or time.
 """
 from __future__ import annotations
 
-from runtime.core.policy.base import MatchFn, PolicyDefaults, by_arrival
+from runtime.core.policy.base import MatchFn, PolicyDefaults
 from runtime.core.request import Request
 
 
 class LOFPolicy(PolicyDefaults):
     def order(self, waiting: list[Request], match: MatchFn, now: float) -> list[Request]:
-        return sorted(by_arrival(waiting), key=lambda r: -r.sampling.max_new_tokens)
+        return sorted(waiting, key=lambda r: -r.sampling.max_new_tokens)   # stable: ties by arrival

@@ -5,7 +5,7 @@ Must not import torch, simpy or time.
 """
 from __future__ import annotations
 
-from runtime.core.policy.base import MatchFn, PolicyDefaults, by_arrival
+from runtime.core.policy.base import MatchFn, PolicyDefaults
 from runtime.core.policy.in_batch_prefix import deprioritized
 from runtime.core.request import Request
 
@@ -22,7 +22,7 @@ class LPMPolicy(PolicyDefaults):
         self.in_batch_prefix_threshold_tokens = in_batch_prefix_threshold_tokens
 
     def order(self, waiting: list[Request], match: MatchFn, now: float) -> list[Request]:
-        queue = by_arrival(waiting)
+        queue = list(waiting)
         if self.max_queue_for_matching is not None and len(queue) > self.max_queue_for_matching:
             return queue
         lengths = {req: match(req).length for req in queue}

@@ -6,7 +6,7 @@ By default a larger `priority` value is more important (SGLang's default); set
 """
 from __future__ import annotations
 
-from runtime.core.policy.base import MatchFn, PolicyDefaults, by_arrival
+from runtime.core.policy.base import MatchFn, PolicyDefaults
 from runtime.core.request import Request
 
 
@@ -19,4 +19,4 @@ class PriorityPolicy(PolicyDefaults):
         return -req.priority if self.low_value_first else req.priority
 
     def order(self, waiting: list[Request], match: MatchFn, now: float) -> list[Request]:
-        return sorted(by_arrival(waiting), key=lambda r: -self.importance(r))
+        return sorted(waiting, key=lambda r: -self.importance(r))   # stable: ties by arrival

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random as _random
 
-from runtime.core.policy.base import MatchFn, PolicyDefaults, by_arrival
+from runtime.core.policy.base import MatchFn, PolicyDefaults
 from runtime.core.request import Request
 
 
@@ -17,6 +17,6 @@ class RandomPolicy(PolicyDefaults):
         self.rng = _random.Random(seed)
 
     def order(self, waiting: list[Request], match: MatchFn, now: float) -> list[Request]:
-        queue = by_arrival(waiting)
+        queue = list(waiting)
         self.rng.shuffle(queue)
         return queue
