@@ -63,3 +63,14 @@ def test_every_swept_value_composes_and_builds(experiment, tmp_path):
                 assert str(cfg[key]) == value
         core = build_core(cfg)
         assert core.kv_capacity_tokens > 0
+
+
+LAYOUT_PRESETS = sorted(p.stem for p in (CONF_DIR / "experiment" / "layout").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("preset", LAYOUT_PRESETS)
+def test_every_layout_preset_builds_for_deepseek_v3(preset):
+    cfg = compose_config(["+experiment=layout_study", f"+experiment/layout={preset}"])
+    layout = build_core(cfg).layout
+    assert 8 <= layout.num_gpus <= 64
+    assert preset.startswith(f"dp{layout.dp}_") or (layout.dp == 1 and f"tp{layout.tp}" in preset)
