@@ -17,10 +17,16 @@ from experiments.sweep import SWEEP_PARQUET
 
 REPO = Path(__file__).resolve().parent.parent
 SMALL_ENV = "TWINSERVE_NOTEBOOK_SMALL"      # "1": notebooks run a small slice (CI)
+STUDY_DIR_ENV = "TWINSERVE_STUDY_DIR"       # where studies write their sweeps (default outputs/studies)
 
 
 def small_run() -> bool:
     return os.environ.get(SMALL_ENV, "0") == "1"
+
+
+def study_dir(name: str) -> Path:
+    """The folder of one study's sweeps: $TWINSERVE_STUDY_DIR/NAME, else outputs/studies/NAME."""
+    return Path(os.environ.get(STUDY_DIR_ENV) or REPO / "outputs" / "studies") / name
 
 
 def run_sweep(experiment: str, overrides: list[str], sweep_dir: str | Path) -> pd.DataFrame:

@@ -9,7 +9,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from experiments.study import SMALL_ENV
+from experiments.study import SMALL_ENV, STUDY_DIR_ENV
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
@@ -18,8 +18,9 @@ CELL_TIMEOUT_S = 600
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_executes(path, monkeypatch):
+def test_notebook_executes(path, monkeypatch, tmp_path):
     monkeypatch.setenv(SMALL_ENV, "1")
+    monkeypatch.setenv(STUDY_DIR_ENV, str(tmp_path))     # never the studies' own outputs/
     notebook = nbformat.read(path, as_version=4)
     NotebookClient(notebook, timeout=CELL_TIMEOUT_S, kernel_name="python3",
                    resources={"metadata": {"path": str(NOTEBOOK_DIR)}}).execute()   # raises on any error
