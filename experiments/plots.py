@@ -1,6 +1,7 @@
 """Pictures of one run, written into its run directory by both modes: latency CDFs, a timeline
 (throughput, KV usage, queues) and step durations by step kind (PNG), plus a report.md linking
-them. matplotlib with the Agg backend, imported lazily; must not import torch or simpy.
+them. matplotlib (Figure objects rendered by Agg, no pyplot state), imported lazily; must not
+import torch or simpy.
 """
 from __future__ import annotations
 
@@ -18,13 +19,11 @@ MAX_TIMELINE_POINTS = 4000    # steps drawn on the KV/queue panels (thinned beyo
 DPI = 90
 
 
-def pyplot():
-    """matplotlib.pyplot on the Agg backend (no display needed; never switches an open GUI)."""
-    import matplotlib
-    if matplotlib.get_backend().lower() != "agg" and "inline" not in matplotlib.get_backend():
-        matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
+def new_figure(figsize: tuple[float, float]):
+    """A matplotlib Figure outside pyplot: no global figure state, no backend switch; savefig
+    renders it with Agg."""
+    from matplotlib.figure import Figure
+    return Figure(figsize=figsize)
 
 
 def write_run_plots(run_dir: str | Path, requests: pd.DataFrame, steps: pd.DataFrame,
@@ -32,15 +31,12 @@ def write_run_plots(run_dir: str | Path, requests: pd.DataFrame, steps: pd.DataF
     """Write the three PNGs and report.md into `run_dir`; returns the paths written. Empty
     frames give figures that say "no data" rather than errors."""
     out = Path(run_dir)
-    plt = pyplot()
     finished = requests[requests["finish_reason"].isin(["length", "stop"])]
     pngs = []
-    for name, draw in ((LATENCY_PNG, lambda: latency_figure(plt, finished)),
-                       (TIMELINE_PNG, lambda: timeline_figure(plt, finished, steps, summary)),
-                       (STEPS_PNG, lambda: step_duration_figure(plt, steps))):
-        fig = draw()
-        fig.savefig(out / name, dpi=DPI)
-        plt.close(fig)
+    for name, draw in ((LATENCY_PNG, lambda: latency_figure(finished)),
+                       (TIMELINE_PNG, lambda: timeline_figure(finished, steps, summary)),
+                       (STEPS_PNG, lambda: step_duration_figure(steps))):
+        draw().savefig(out / name, dpi=DPI)
         pngs.append(out / name)
     return pngs + [write_report(out, summary, [p.name for p in pngs])]
 
@@ -59,9 +55,10 @@ def no_data(ax, what: str) -> None:
     ax.text(0.5, 0.5, f"no {what}", ha="center", va="center", transform=ax.transAxes, color="gray")
 
 
-def latency_figure(plt, finished: pd.DataFrame):
+def latency_figure(finished: pd.DataFrame):
     """CDFs of TTFT and TPOT over finished requests (ms; log x when they spread widely)."""
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    fig = new_figure((9, 3.4))
+    axes = fig.subplots(1, 2)
     lat = per_request_latencies(finished)
     for ax, key, title in ((axes[0], "ttft_s", "time to first token"), (axes[1], "tpot_s", "time per output token")):
         values_ms = lat[key].dropna().to_numpy() * 1e3
@@ -91,9 +88,10 @@ def thinned(frame: pd.DataFrame, limit: int = MAX_TIMELINE_POINTS) -> pd.DataFra
     return frame if len(frame) <= limit else frame.iloc[:: int(np.ceil(len(frame) / limit))]
 
 
-def timeline_figure(plt, finished: pd.DataFrame, steps: pd.DataFrame, summary: dict):
+def timeline_figure(finished: pd.DataFrame, steps: pd.DataFrame, summary: dict):
     """Three panels over simulated/wall time: token throughput, KV pool usage, queue lengths."""
-    fig, axes = plt.subplots(3, 1, figsize=(9, 6.6), sharex=True)
+    fig = new_figure((9, 6.6))
+    axes = fig.subplots(3, 1, sharex=True)
     if len(steps) == 0:
         for ax, what in zip(axes, ("steps", "KV records", "queue records")):
             no_data(ax, what)
@@ -138,16 +136,17 @@ def draw_kv_usage(ax, steps: pd.DataFrame, capacity_tokens: int | None) -> None:
         ax.set_ylabel("KV tokens used")
 
 
-def step_duration_figure(plt, steps: pd.DataFrame):
+def step_duration_figure(steps: pd.DataFrame):
     """Box plot of step durations (ms) per step kind, with counts and medians in the labels."""
-    fig, ax = plt.subplots(figsize=(7, 3.4))
+    fig = new_figure((7, 3.4))
+    ax = fig.subplots()
     durations_ms = (steps["end_s"] - steps["start_s"]).to_numpy(dtype=np.float64) * 1e3
     kinds = sorted(steps["mode"].unique()) if len(steps) else []
     groups = [durations_ms[(steps["mode"] == kind).to_numpy()] for kind in kinds]
     if not groups:
         no_data(ax, "steps")
     else:
-        ax.boxplot(groups, whis=(1, 99), showfliers=False, **horizontal(plt))
+        ax.boxplot(groups, whis=(1, 99), showfliers=False, **horizontal())
         ax.set_yticks(range(1, len(kinds) + 1),
                       [f"{k}\n{g.size} steps\nmedian {np.median(g):.2f} ms" for k, g in zip(kinds, groups)],
                       fontsize=8)
@@ -159,9 +158,10 @@ def step_duration_figure(plt, steps: pd.DataFrame):
     return fig
 
 
-def horizontal(plt) -> dict:
+def horizontal() -> dict:
     """boxplot's keyword for horizontal boxes (`vert` is deprecated from matplotlib 3.10)."""
-    major, minor = (int(x) for x in plt.matplotlib.__version__.split(".")[:2])
+    import matplotlib
+    major, minor = (int(x) for x in matplotlib.__version__.split(".")[:2])
     return {"orientation": "horizontal"} if (major, minor) >= (3, 10) else {"vert": False}
 
 
