@@ -5,6 +5,8 @@ Must not import torch, simpy or time.
 """
 from __future__ import annotations
 
+import weakref
+
 from runtime.core.cache.allocator import KVSlotAllocator
 from runtime.core.cache.radix_cache import MatchResult, RadixCache
 from runtime.core.request import Request
@@ -19,6 +21,8 @@ class KVManager:
         self.allocator = allocator
         self.cache = cache
         self.page_size = allocator.page_size
+        # each prompt-only request's last match: the next match of it goes on from there
+        self._last_match: weakref.WeakKeyDictionary[Request, MatchResult] = weakref.WeakKeyDictionary()
 
     # -- sizes -------------------------------------------------------------------
     @property
@@ -38,7 +42,12 @@ class KVManager:
         (the last position must run through the model to give logits). With `now` the matched
         nodes count as accessed at `now` (SGLang's match_prefix). Mutates no request."""
         tokens = req.tokens()
-        return self.cache.match_prefix(tokens, max_tokens=len(tokens) - 1, now=now)
+        if req.output_ids:             # tokens that may still change (retracted, overlap placeholders)
+            return self.cache.match_prefix(tokens, max_tokens=len(tokens) - 1, now=now)
+        result = self.cache.match_prefix(tokens, max_tokens=len(tokens) - 1, now=now,
+                                         start=self._last_match.get(req))
+        self._last_match[req] = result
+        return result
 
     @staticmethod
     def newly_protected_tokens(match: MatchResult) -> int:

@@ -5,6 +5,7 @@ Must not import torch, simpy or time: every timestamp `now` (seconds) is passed 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Iterator, Sequence
 
 from runtime.core.cache.allocator import KVSlotAllocator
@@ -15,14 +16,29 @@ from runtime.core.cache.tree_node import TreeNode, common_prefix_len, edge_key
 __all__ = ["MatchResult", "RadixCache", "TreeNode"]
 
 
-@dataclass
+@dataclass(eq=False)
 class MatchResult:
-    """`length` tokens matched (a multiple of page_size); `slots` their KV slots (len == length);
-    `node` the deepest matched node, ending exactly at `length` (the root when length == 0)."""
+    """`length` tokens matched (a multiple of page_size); `node` the deepest matched node, ending
+    exactly at `length` (the root when length == 0); `slots` their KV slots (len == length),
+    gathered from the path root..node when first read (admission reads them; ordering and
+    budget checks need only the length), so read them before `node` can be evicted."""
 
     length: int
-    slots: list[int]
     node: TreeNode
+
+    @cached_property
+    def slots(self) -> list[int]:
+        if self.node.evicted:
+            raise ValueError(f"slots of an evicted match ({self.node}); read them right after matching")
+        path = []
+        node = self.node
+        while node.parent is not None:
+            path.append(node.slots)
+            node = node.parent
+        slots: list[int] = []
+        for part in reversed(path):
+            slots.extend(part)
+        return slots
 
 
 class RadixCache:
@@ -69,21 +85,32 @@ class RadixCache:
 
     # -- lookup and insertion ---------------------------------------------------------------
     def match_prefix(self, token_ids: Sequence[int], max_tokens: int | None = None,
-                     now: float | None = None) -> MatchResult:
+                     now: float | None = None, start: MatchResult | None = None) -> MatchResult:
         """Longest cached page-aligned prefix of `token_ids[:max_tokens]` (no copy is made of a
         list). Changes no sizes; may split a node so that the returned node ends exactly at
         `length`. With `now`, every node walked gets last_access_s = now, the partly matched one
         included (SGLang's RadixCache._match_prefix_helper): prefixes that waiting requests keep
-        matching stay recent for LRU. Without `now` (checks, statistics) no stats change."""
+        matching stay recent for LRU. Without `now` (checks, statistics) no stats change.
+        `start`: an earlier match of these same tokens whose node is still in the tree; the walk
+        goes on from it without comparing its `length` tokens again (the tree only loses a path by
+        evicting its deepest node first, and splits keep every node's end depth)."""
         if not self.enabled:
-            return MatchResult(0, [], self.root)
+            return MatchResult(0, self.root)
         if isinstance(token_ids, list):
             key, limit = token_ids, len(token_ids) if max_tokens is None else min(max_tokens, len(token_ids))
             limit -= limit % self.page_size
         else:
             key = self._aligned_key(token_ids[:max_tokens] if max_tokens is not None else token_ids)
             limit = len(key)
-        node, pos, slots, deepest = self.root, 0, [], None
+        node, pos, deepest = self.root, 0, None
+        if start is not None and start.length <= limit and not start.node.evicted:
+            node, pos = start.node, start.length
+            if now is not None and node.parent is not None:
+                deepest = node
+                ancestor = node
+                while ancestor.parent is not None:
+                    ancestor.last_access_s = now
+                    ancestor = ancestor.parent
         while pos < limit:
             child = node.children.get(edge_key(key, pos, self.page_size))
             if child is None:
@@ -95,13 +122,12 @@ class RadixCache:
             ends_inside_edge = matched < len(child.key)
             if ends_inside_edge:
                 child = self._split(child, matched)
-            slots.extend(child.slots)
             node, pos = child, pos + matched
             if ends_inside_edge:
                 break
         if deepest is not None:
             self._queue.push(deepest)              # the only touched node that can be a leaf
-        return MatchResult(pos, slots, node)
+        return MatchResult(pos, node)
 
     def insert(self, token_ids: Sequence[int], slots: Sequence[int], now: float, priority: int = 0,
                count_hit: bool = True, num_tokens: int | None = None) -> int:
