@@ -129,7 +129,9 @@ class KVManager:
         if not self.cache.enabled or aligned <= req.num_locked_prefix_tokens:
             return req.num_locked_prefix_tokens
         tokens = req.input_ids if aligned <= len(req.input_ids) else req.tokens()   # no copy of a prompt
-        already = self.cache.insert(tokens, req.kv_slots, now, req.priority, count_hit, num_tokens=aligned)
+        locked = MatchResult(req.num_locked_prefix_tokens, req.cache_node)   # in the tree, pinned
+        already, _ = self.cache.insert_path(tokens, req.kv_slots, now, req.priority, count_hit,
+                                            num_tokens=aligned, start=locked)
         if already > req.num_locked_prefix_tokens:
             self.allocator.free(req.kv_slots[req.num_locked_prefix_tokens:already])
         return aligned

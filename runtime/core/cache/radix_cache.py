@@ -133,8 +133,9 @@ class RadixCache:
                count_hit: bool = True, num_tokens: int | None = None) -> int:
         """Cache `token_ids` -> `slots` (equal lengths; only the page-aligned head is inserted, the
         unaligned tail is ignored). With `num_tokens`, only the first num_tokens of both (which
-        may be longer) count, and no copy is made of lists beyond what the tree keeps. Returns how many leading tokens (page-aligned) were ALREADY in
-        the tree; for those the tree keeps its own slots. Never frees. The caller, which holds a
+        may be longer) count, and no copy is made of lists beyond what the tree keeps. Returns how
+        many leading tokens (page-aligned) were ALREADY in the tree; for those the tree keeps its
+        own slots. Never frees. The caller, which holds a
         lock on its first `locked` tokens (the tree's own slots), then frees its duplicates
         slots[locked:returned] and, when done with them, its tail slots[aligned_len:]; the tree
         now owns slots[returned:aligned_len]. (enabled=False: nothing is inserted, 0 is returned
@@ -143,6 +144,15 @@ class RadixCache:
         every node of the inserted path, the new leaf included, counts one hit (hit_count += 1):
         SGLang counts LFU hits here and not for the inserts of unfinished chunks
         (RadixCache._insert_helper / _inc_hit_count with chunked=True)."""
+        return self.insert_path(token_ids, slots, now, priority, count_hit, num_tokens)[0]
+
+    def insert_path(self, token_ids: Sequence[int], slots: Sequence[int], now: float, priority: int = 0,
+                    count_hit: bool = True, num_tokens: int | None = None,
+                    start: MatchResult | None = None) -> tuple[int, TreeNode]:
+        """`insert`, also returning the node that ends at the inserted (page-aligned) length (the
+        root when nothing is inserted). `start`: a node known to hold token_ids[:start.length]
+        (e.g. the one the caller has locked); its path is touched without comparing its tokens
+        again and the walk goes on from it."""
         if num_tokens is None:
             if len(slots) != len(token_ids):
                 raise ValueError(f"insert needs one slot per token: {len(token_ids)} tokens, {len(slots)} slots")
@@ -150,17 +160,27 @@ class RadixCache:
         elif not 0 <= num_tokens <= min(len(token_ids), len(slots)):
             raise ValueError(f"insert of {num_tokens} tokens from {len(token_ids)} tokens, {len(slots)} slots")
         if not self.enabled:
-            return 0
+            return 0, self.root
         key = token_ids if isinstance(token_ids, list) else list(token_ids[:num_tokens])
         limit = num_tokens - num_tokens % self.page_size
         node, pos = self.root, 0
+        if start is not None and 0 < start.length <= limit:
+            if start.node.evicted:
+                raise ValueError(f"insert from an evicted node {start.node}")
+            node, pos = start.node, start.length
+            ancestor = node
+            while ancestor.parent is not None:          # the same touch as walking down to it
+                ancestor.last_access_s = now
+                ancestor.priority = max(ancestor.priority, priority)
+                ancestor.hit_count += count_hit
+                ancestor = ancestor.parent
         while pos < limit:
             child = node.children.get(edge_key(key, pos, self.page_size))
             if child is None:
                 leaf_slots = slots[pos:limit]
-                self._add_leaf(node, key[pos:limit], leaf_slots if isinstance(leaf_slots, list) else list(leaf_slots),
-                               now, priority, hit_count=int(count_hit))
-                return pos
+                leaf = self._add_leaf(node, key[pos:limit], leaf_slots if isinstance(leaf_slots, list)
+                                      else list(leaf_slots), now, priority, hit_count=int(count_hit))
+                return pos, leaf
             matched = self._matched_len(key, pos, child, limit)
             if matched < len(child.key):
                 child = self._split(child, matched)
@@ -169,7 +189,22 @@ class RadixCache:
             child.hit_count += count_hit
             node, pos = child, pos + matched
         self._queue.push(node)  # a fully present key may end at a leaf whose stats just changed
-        return pos
+        return pos, node
+
+    def path_slots(self, node: TreeNode, depth: int, start: int, stop: int) -> list[int]:
+        """Slots of positions [start, stop) on the path root..node, `node` ending at `depth`,
+        gathered from the nodes that cover them only."""
+        parts: list[list[int]] = []
+        end = depth
+        while node.parent is not None and end > start:
+            begin = end - len(node.key)
+            if begin < stop:
+                parts.append(node.slots[max(start, begin) - begin:min(stop, end) - begin])
+            node, end = node.parent, begin
+        slots: list[int] = []
+        for part in reversed(parts):
+            slots.extend(part)
+        return slots
 
     # -- pinning ------------------------------------------------------------------------------
     def lock(self, node: TreeNode, now: float, priority: int = 0) -> None:
@@ -253,13 +288,14 @@ class RadixCache:
         return matched - matched % self.page_size
 
     def _add_leaf(self, parent: TreeNode, key: list[int], slots: list[int], now: float,
-                  priority: int, hit_count: int = 0) -> None:
+                  priority: int, hit_count: int = 0) -> TreeNode:
         leaf = self._new_node(parent, key, slots, now, priority)
         leaf.hit_count = hit_count
         parent.children[edge_key(key, 0, self.page_size)] = leaf
         self.num_nodes += 1
         self._evictable_tokens += len(key)
         self._queue.push(leaf)             # after its stats are set: the queue reads the key now
+        return leaf
 
     def _split(self, child: TreeNode, num_head_tokens: int) -> TreeNode:
         """Cut `child`'s edge after num_head_tokens (page-aligned, > 0). A new node takes the head

@@ -216,3 +216,30 @@ def test_max_tokens_caps_the_match(page_size: int, as_tuple: bool) -> None:
         assert path_tokens_and_slots(match.node) == (tokens[:expected], slots[:expected])
     assert probe == (tuple(tokens) if as_tuple else tokens)            # the caller's sequence is untouched
     check_tree(cache)
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_insert_path_from_a_known_node_equals_inserting_from_the_root(page_size: int) -> None:
+    """Starting from a node the caller holds touches the same path and gives the same tree."""
+    trees = []
+    for from_node in (False, True):
+        cache = RadixCache(KVSlotAllocator(256, page_size), LRUEviction(), page_size)
+        tokens = list(range(40))
+        slots = cache.allocator.allocate(0, 40, None)
+        cache.insert(tokens[:16], slots[:16], now=1.0)
+        held = cache.match_prefix(tokens[:16])
+        already, node = cache.insert_path(tokens, slots, now=2.0, priority=3,
+                                          start=held if from_node else None)
+        assert already == 16 and node is cache.match_prefix(tokens).node
+        trees.append(sorted((n.key[0], len(n.key), n.last_access_s, n.hit_count, n.priority) for n in cache.iter_nodes()))
+    assert trees[0] == trees[1]
+
+
+def test_path_slots_gathers_only_the_asked_range() -> None:
+    cache = RadixCache(KVSlotAllocator(64), LRUEviction())
+    slots = cache.allocator.allocate(0, 30, None)
+    cache.insert(list(range(30)), slots, now=1.0)
+    cache.insert(list(range(10)) + [99] * 5, slots[:10] + cache.allocator.allocate(0, 5, None), now=1.0)  # split at 10
+    node = cache.match_prefix(list(range(30))).node
+    assert cache.path_slots(node, 30, 5, 25) == slots[5:25]
+    assert cache.path_slots(node, 30, 0, 30) == cache.match_prefix(list(range(30))).slots == slots
