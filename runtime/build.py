@@ -1,11 +1,12 @@
 """Builds the shared serving components from a composed Hydra config: model/hardware specs,
-layout, KV capacity, allocator, radix cache, policy, scheduler. Used by every mode.
+layout, KV capacity, allocator, radix cache, policy, scheduler -- once, or once per DP replica.
+Used by every mode.
 
 Torch-free: the simulator imports it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
@@ -15,6 +16,7 @@ from runtime.core.cache.radix_cache import RadixCache
 from runtime.core.hardware import HardwareSpec
 from runtime.core.kv_manager import KVManager
 from runtime.core.layout import ParallelLayout, kv_capacity_tokens
+from runtime.core.memory_budget import check_fits, runtime_memory
 from runtime.core.model_spec import ModelSpec
 from runtime.core.scheduler import Scheduler
 from runtime.core.scheduler_config import SchedulerConfig
@@ -30,7 +32,8 @@ class CoreComponents:
 
 
 def build_layout(cfg: DictConfig) -> ParallelLayout:
-    return ParallelLayout(tp=int(cfg.tp), ep=int(cfg.ep), dp=int(cfg.dp), pp=int(cfg.pp))
+    return ParallelLayout(tp=int(cfg.tp), ep=int(cfg.ep), dp=int(cfg.dp), pp=int(cfg.pp),
+                          dp_attention=bool(cfg.get("dp_attention", False)))
 
 
 def kv_capacity_from_config(cfg: DictConfig, model: ModelSpec, hardware: HardwareSpec,
@@ -38,15 +41,22 @@ def kv_capacity_from_config(cfg: DictConfig, model: ModelSpec, hardware: Hardwar
     """`kv.capacity_tokens` when set (experiments on small pools), else THE capacity function."""
     if cfg.kv.capacity_tokens is not None:
         return int(cfg.kv.capacity_tokens)
+    fraction = float(cfg.kv.mem_fraction_static)
+    memory = runtime_memory(model, layout, scheduler_config(cfg))
+    check_fits(memory, hardware, fraction)
     return kv_capacity_tokens(model, hardware, layout, kv_dtype_bytes=int(cfg.kv.dtype_bytes),
-                              mem_fraction_static=float(cfg.kv.mem_fraction_static))
+                              mem_fraction_static=fraction, activation_reserve_bytes=memory.slot_table_bytes)
+
+
+def scheduler_config(cfg: DictConfig) -> SchedulerConfig:
+    return SchedulerConfig(**OmegaConf.to_container(cfg.scheduler, resolve=True))
 
 
 def build_scheduler(cfg: DictConfig, model: ModelSpec, capacity_tokens: int) -> Scheduler:
     page_size = int(cfg.cache.page_size)
     allocator = KVSlotAllocator(capacity_tokens, page_size=page_size)
     cache = RadixCache(allocator, instantiate(cfg.eviction), page_size=page_size, enabled=bool(cfg.cache.enabled))
-    config = SchedulerConfig(**OmegaConf.to_container(cfg.scheduler, resolve=True))
+    config = scheduler_config(cfg)
     policy = instantiate(cfg.policy)
     return Scheduler(config, policy, KVManager(allocator, cache), max_context_tokens=model.max_context_tokens)
 
@@ -58,3 +68,13 @@ def build_core(cfg: DictConfig) -> CoreComponents:
     layout.validate(model)
     capacity = kv_capacity_from_config(cfg, model, hardware, layout)
     return CoreComponents(model, hardware, layout, capacity, build_scheduler(cfg, model, capacity))
+
+
+def build_replica_cores(cfg: DictConfig) -> list[CoreComponents]:
+    """One core per DP replica (with dp_attention: per attention rank), `layout.dp` in all. They
+    share the model, hardware, layout and KV capacity (THE capacity function gives it per
+    replica); each has its own scheduler, policy, radix cache and KV slot allocator."""
+    first = build_core(cfg)
+    rest = [replace(first, scheduler=build_scheduler(cfg, first.model, first.kv_capacity_tokens))
+            for _ in range(first.layout.dp - 1)]
+    return [first, *rest]

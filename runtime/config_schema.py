@@ -54,7 +54,7 @@ class RealSchema:
     warmup: bool = True                  # on CUDA: throw-away prefills first, so JIT kernels compile before serving
     fast_path: bool = True               # CUDA only: FlashInfer/Triton MLA + Triton fused MoE
     cuda_graph: bool = True              # CUDA only, needs fast_path and an MLA model: decode graphs
-    cuda_graph_max_bs: int = 256         # largest captured decode batch (bigger ones run eagerly)
+    cuda_graph_max_bs: Optional[int] = None   # largest captured decode batch; null = scheduler.max_running_requests
 
 
 @dataclass
@@ -89,10 +89,12 @@ class RunConfig:
     kv: KVSchema = field(default_factory=KVSchema)
     sim: SimSchema = field(default_factory=SimSchema)
     seed: int = 0
+    overlap: bool = True          # overlap scheduling (plan step n+1 while step n runs); both modes
     tp: int = 1
     ep: int = 1
     dp: int = 1
     pp: int = 1
+    dp_attention: bool = False    # SGLang --enable-dp-attention (dp attention ranks inside tp)
     progress: bool = True
     print_summary: bool = True
     output_dir: str = "${hydra:runtime.output_dir}"

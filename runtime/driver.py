@@ -1,12 +1,14 @@
-"""The real-time loop (wall clock): replay arrivals on their timestamps (or all at once), then
-schedule -> execute on the GPU/CPU -> commit -> record. The only runtime code that reads a clock.
+"""The real-time loop (wall clock): take requests from a source (a workload replay or an online
+front end), then schedule -> launch on the GPU/CPU -> resolve -> record. The only runtime code
+that reads a clock. With `overlap` (SGLang's zero-overhead scheduler) step n+1 is planned and
+launched while the device still runs step n; the scheduler itself is unaware of it.
 """
 from __future__ import annotations
 
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 from tqdm import tqdm
 
@@ -14,6 +16,7 @@ from runtime.core.batch import StepPlan, StepResult
 from runtime.core.records import StepLog
 from runtime.core.request import Request, RequestSpec
 from runtime.core.scheduler import Scheduler
+from runtime.request_source import ReplaySource, RequestSource
 
 
 @dataclass
@@ -28,51 +31,144 @@ def all_at_once(specs: Sequence[RequestSpec]) -> list[RequestSpec]:
     return [dataclasses.replace(s, arrival_s=0.0) for s in specs]
 
 
+class LaunchedStep(Protocol):
+    """A step handed to the device. `placeholder_ids`: one per sampling item, what the scheduler
+    appends until the real tokens arrive (the executor resolves them on the device)."""
+
+    placeholder_ids: list[int]
+
+    def wait(self) -> StepResult:
+        """Block until the step's tokens are on the host."""
+        ...
+
+    def interval_s(self, origin: object) -> tuple[float, float] | None:
+        """(start, end) of the step on the device, seconds since `origin` (the executor's clock
+        origin); None when the executor cannot tell (the driver then uses host times)."""
+        ...
+
+
+class StepExecutor(Protocol):
+    def launch(self, plan: StepPlan) -> LaunchedStep:
+        """Start the step without waiting for the device."""
+        ...
+
+
+class FinishedStep:
+    """A step that ran synchronously (CPU, or a plain `execute(plan)` callable), timed on the host
+    clock: `start_s`/`end_s` are that clock's readings, `origin` is its reading at the run start."""
+
+    def __init__(self, result: StepResult, start_s: float, end_s: float) -> None:
+        self.result = result
+        self.placeholder_ids = list(result.next_token_ids)
+        self.start_s, self.end_s = start_s, end_s
+
+    def wait(self) -> StepResult:
+        return self.result
+
+    def interval_s(self, origin: object) -> tuple[float, float] | None:
+        return self.start_s - origin, self.end_s - origin
+
+
+class _SyncExecutor:
+    def __init__(self, execute: Callable[[StepPlan], StepResult], clock: Callable[[], float]) -> None:
+        self.execute, self.clock = execute, clock
+
+    def clock_origin(self) -> float:
+        return self.clock()
+
+    def launch(self, plan: StepPlan) -> FinishedStep:
+        start = self.clock()
+        result = self.execute(plan)
+        return FinishedStep(result, start, self.clock())
+
+
+@dataclass
+class _Launched:
+    plan: StepPlan
+    step: LaunchedStep
+    host_start_s: float
+
+
 class RealDriver:
-    """`as_fast_as_possible`: every request arrives at t=0 (offline throughput), else each is
+    """`executor`: a StepExecutor (`launch`) or a plain `execute(plan) -> StepResult` callable.
+    `as_fast_as_possible`: every request arrives at t=0 (offline throughput), else each is
     added once the wall clock passes its `arrival_s` (measured from the start of the run)."""
 
-    def __init__(self, scheduler: Scheduler, execute: Callable[[StepPlan], StepResult],
+    def __init__(self, scheduler: Scheduler, executor: StepExecutor | Callable[[StepPlan], StepResult],
                  as_fast_as_possible: bool = False, progress: bool = True, record_plans: bool = False,
-                 clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] = time.sleep) -> None:
+                 clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] = time.sleep,
+                 overlap: bool = False, idle_poll_s: float | None = None) -> None:
         self.scheduler = scheduler
-        self.execute = execute
+        self.executor = executor if hasattr(executor, "launch") else _SyncExecutor(executor, clock)
         self.as_fast_as_possible = as_fast_as_possible
         self.progress = progress
         self.record_plans = record_plans   # keep every plan's signature (parity checks)
         self.clock, self.sleep = clock, sleep
+        self.overlap = overlap
+        self.idle_poll_s = idle_poll_s     # online sources: how long one idle wait may block
 
     def run(self, specs: Sequence[RequestSpec]) -> RealOutcome:
-        specs = sorted(specs, key=lambda s: (s.arrival_s, s.rid))
-        if self.as_fast_as_possible:
-            specs = all_at_once(specs)
+        """Replay workload specs on their arrival times (or all at t=0)."""
+        return self.serve(ReplaySource(specs, all_at_once=self.as_fast_as_possible, sleep=self.sleep),
+                          total=len(specs))
+
+    def serve(self, source: RequestSource, total: int | None = None) -> RealOutcome:
+        """Run until the source is exhausted and every request has ended."""
         sched, steps, done = self.scheduler, StepLog(), []
         if self.record_plans:
             steps.plan_signatures = []
+        gpu_origin = getattr(self.executor, "clock_origin", lambda: None)()
         origin = self.clock()
         now = lambda: self.clock() - origin                   # noqa: E731
-        next_idx = 0
-        bar = tqdm(total=len(specs), desc="serving", unit="req", disable=not self.progress, mininterval=0.5)
+        bar = tqdm(total=total, desc="serving", unit="req", disable=not self.progress, mininterval=0.5)
+
+        def ended(requests: list[Request], t: float) -> None:
+            if requests:
+                source.on_finished(requests, t)
+                done.extend(requests)
+                bar.update(len(requests))
+
+        def complete(launched: _Launched) -> float:
+            """Wait for a launched step, apply its tokens, record it; returns its end time."""
+            result = launched.step.wait()
+            interval = launched.step.interval_s(gpu_origin) if gpu_origin is not None else None
+            start, end = interval if interval is not None else (launched.host_start_s, now())
+            plan = launched.plan
+            if self.overlap:
+                sched.resolve(plan, result, end)
+            else:
+                sched.commit(plan, result, end)
+            steps.record(plan, start, end, sched.kv.used_tokens(), len(sched.waiting), len(sched.running))
+            source.on_tokens([it.request for it in plan.items if it.samples and not it.dropped], end)
+            ended(sched.pop_finished(), end)
+            return end
+
+        last: _Launched | None = None
         while True:
             t = now()
-            while next_idx < len(specs) and specs[next_idx].arrival_s <= t:
-                sched.add(Request.from_spec(specs[next_idx]), t)
-                next_idx += 1
+            for req in source.poll(t):
+                sched.add(req, t)
+            for rid in source.aborted_rids():
+                sched.abort(rid)
             plan = sched.schedule(t)
-            finished = sched.pop_finished()
+            ended(sched.pop_finished(), t)
             if plan is not None:
-                result = self.execute(plan)
-                end = now()
-                sched.commit(plan, result, end)
-                steps.record(plan, t, end, sched.kv.used_tokens(), len(sched.waiting), len(sched.running))
-                finished += sched.pop_finished()
-            done.extend(finished)
-            bar.update(len(finished))
-            if plan is None:
-                if next_idx >= len(specs):
-                    if sched.has_work():
-                        raise RuntimeError("scheduler stalled: work left but no step planned")
-                    break
-                self.sleep(max(0.0, specs[next_idx].arrival_s - now()))
+                launched = _Launched(plan, self.executor.launch(plan), t)
+                if not self.overlap:
+                    complete(launched)
+                    continue
+                if last is not None:
+                    complete(last)
+                sched.advance(plan, now(), launched.step.placeholder_ids)
+                last = launched
+            elif last is not None:
+                complete(last)
+                last = None
+            elif source.exhausted():
+                if sched.has_work():
+                    raise RuntimeError("scheduler stalled: work left but no step planned")
+                break
+            else:
+                source.wait(now(), self.idle_poll_s)
         bar.close()
         return RealOutcome(done, steps, now())

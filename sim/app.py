@@ -17,6 +17,14 @@ from sim.driver import SimDriver
 from sim.executor import SimExecutor
 
 
+def runtime_graph_limits(cfg: DictConfig) -> dict:
+    """The runtime's CUDA-graph limit for a cost model that leaves it open (the twin follows
+    `real.cuda_graph_max_bs` unless the cost model sets its own)."""
+    if "cuda_graph_max_bs" in cfg.costmodel and cfg.costmodel.cuda_graph_max_bs is None:
+        return {"cuda_graph_max_bs": cfg.real.get("cuda_graph_max_bs")}
+    return {}
+
+
 def run_sim(cfg: DictConfig, out_dir: str | Path | None = None) -> dict:
     """Simulate `cfg.workload` and write requests.parquet, steps.parquet, summary.json into
     `out_dir` (default: the Hydra run directory). Returns the summary."""
@@ -24,11 +32,13 @@ def run_sim(cfg: DictConfig, out_dir: str | Path | None = None) -> dict:
     core = build_core(cfg)
     if core.layout.dp != 1:
         raise ValueError("dp > 1 needs the DP router, which is not built yet; use dp=1")
-    cost_model = instantiate(cfg.costmodel)(model=core.model, hardware=core.hardware, layout=core.layout)
+    cost_model = instantiate(cfg.costmodel)(model=core.model, hardware=core.hardware, layout=core.layout,
+                                            **runtime_graph_limits(cfg))
     executor = SimExecutor(cost_model, vocab_size=core.model.vocab_size)
     specs = instantiate(cfg.workload).requests()
     driver = SimDriver(core.scheduler, executor, fast_forward=bool(cfg.sim.fast_forward),
-                       max_run_steps=int(cfg.sim.max_run_steps), progress=bool(cfg.progress))
+                       max_run_steps=int(cfg.sim.max_run_steps), progress=bool(cfg.progress),
+                       overlap=bool(cfg.overlap))
     outcome = driver.run(specs)
     requests, steps = requests_frame(outcome.requests), steps_frame(outcome.steps)
     summary = summarize(requests, steps, mode="sim", wall_time_s=time.perf_counter() - wall_start)

@@ -12,7 +12,7 @@ import numpy as np
 import simpy
 from tqdm import tqdm
 
-from runtime.core.batch import ForwardMode
+from runtime.core.batch import ForwardMode, StepPlan, StepResult
 from runtime.core.records import StepLog
 from runtime.core.request import Request, RequestSpec
 from runtime.core.scheduler import Scheduler
@@ -26,18 +26,37 @@ class SimOutcome:
     sim_time_s: float
 
 
+@dataclass
+class _InFlight:
+    """A launched step whose tokens are not applied yet (overlap): it occupies the GPU until end_s."""
+
+    plan: StepPlan | None          # None: already resolved (the tail of a coalesced decode run)
+    result: StepResult | None
+    start_s: float
+    end_s: float
+    run_plan: StepPlan | None = None   # the tail of a coalesced run: recorded when it would resolve
+    run_offset: int = 0
+
+
 class SimDriver:
     """`fast_forward`: coalesce runs of decode steps that provably change nothing but token counts
-    (Scheduler.decode_run_bound) into one event; the records are the same as stepping one by one."""
+    (Scheduler.decode_run_bound) into one event; the records are the same as stepping one by one.
+
+    `overlap` (SGLang's overlap scheduler, as the real driver runs it): the next step is planned
+    while the GPU runs the current one, so a step costs max(GPU, host) instead of their sum, the
+    next plan sees the current step advanced but not resolved (a request this step ends is still
+    in the next batch), and arrivals during a step are seen one step later."""
 
     def __init__(self, scheduler: Scheduler, executor: SimExecutor, fast_forward: bool = True,
-                 max_run_steps: int = 1024, progress: bool = True, record_plans: bool = False) -> None:
+                 max_run_steps: int = 1024, progress: bool = True, record_plans: bool = False,
+                 overlap: bool = False) -> None:
         self.scheduler = scheduler
         self.executor = executor
         self.fast_forward = fast_forward
         self.max_run_steps = max_run_steps
         self.progress = progress
         self.record_plans = record_plans   # keep every plan's signature (parity checks)
+        self.overlap = overlap
 
     def run(self, specs: Sequence[RequestSpec]) -> SimOutcome:
         env = simpy.Environment()
@@ -45,7 +64,8 @@ class SimDriver:
         if self.record_plans:
             steps.plan_signatures = []
         done: list[Request] = []
-        env.process(self._engine(env, list(specs), steps, done))
+        engine = self._engine_overlap if self.overlap else self._engine
+        env.process(engine(env, list(specs), steps, done))
         env.run()
         unfinished = [r for r in self.scheduler.waiting + self.scheduler.running if not r.is_finished]
         if unfinished or self.scheduler.chunked is not None:
@@ -98,3 +118,98 @@ class SimDriver:
         yield env.timeout(ends[-1] - env.now)
         used = self.scheduler.commit_decode_run(plan, ends, tokens)
         steps.record_decode_run(plan, starts, ends, used, len(self.scheduler.waiting), len(self.scheduler.running))
+
+    # -- overlap scheduling -------------------------------------------------------------------
+    def _engine_overlap(self, env: simpy.Environment, specs: list[RequestSpec], steps: StepLog,
+                        done: list[Request]):
+        """The real driver's overlap loop under simulated time: schedule(n+1) and its launch, then
+        wait for step n and resolve it, then advance(n+1). Step n+1 starts on the GPU once step n
+        ended and its own host work (started when it was scheduled) is done."""
+        sched = self.scheduler
+        next_idx = 0
+        last: _InFlight | None = None
+        bar = tqdm(total=len(specs), desc="simulating", unit="req", disable=not self.progress, mininterval=0.5)
+
+        def finish_last():
+            nonlocal last
+            if last is not None:
+                if last.end_s > env.now:
+                    yield env.timeout(last.end_s - env.now)
+                if last.plan is not None:
+                    sched.resolve(last.plan, last.result, env.now)
+                    steps.record(last.plan, last.start_s, last.end_s, sched.kv.used_tokens(),
+                                 len(sched.waiting), len(sched.running))
+                else:                                    # a run's tail: recorded as stepping would
+                    steps.record_decode_run(last.run_plan, [last.start_s], [last.end_s], [sched.kv.used_tokens()],
+                                            len(sched.waiting), len(sched.running), step_offset=last.run_offset)
+                last = None
+
+        while True:
+            while next_idx < len(specs) and specs[next_idx].arrival_s <= env.now:
+                sched.add(Request.from_spec(specs[next_idx]), env.now)
+                next_idx += 1
+            t = env.now
+            plan = sched.schedule(t)
+            if plan is None:
+                if last is not None:
+                    yield from finish_last()
+                elif next_idx >= len(specs):
+                    if sched.has_work():
+                        raise RuntimeError("scheduler stalled: work left but no step planned")
+                    break
+                else:
+                    yield env.timeout(specs[next_idx].arrival_s - env.now)
+            else:
+                prev_end = last.end_s if last is not None else t
+                num_steps = 1
+                if self.fast_forward and plan.mode is ForwardMode.DECODE and not plan.retracted_rids:
+                    num_steps = sched.decode_run_bound(plan, self.max_run_steps, t) - 1
+                if num_steps >= 2:
+                    next_arrival = specs[next_idx].arrival_s if next_idx < len(specs) else None
+                    run = self._overlap_run_times(plan, num_steps, t, prev_end, next_arrival)
+                if num_steps >= 2 and run is not None:
+                    starts, ends, resume_s = run
+                    yield from finish_last()
+                    tokens = self.executor.decode_tokens(plan, len(ends))
+                    used = sched.commit_decode_run(plan, ends, tokens)
+                    # a step is recorded when it resolves, after the next step's allocation (as stepping)
+                    steps.record_decode_run(plan, starts[:-1], ends[:-1], used[1:], len(sched.waiting),
+                                            len(sched.running))
+                    last = _InFlight(None, None, starts[-1], ends[-1], plan, len(ends) - 1)   # still running
+                    yield env.timeout(resume_s - env.now)
+                else:
+                    result = self.executor.execute(plan)
+                    start = max(prev_end, t + result.host_s)
+                    launched = _InFlight(plan, result, start, start + result.duration_s - result.host_s)
+                    yield from finish_last()
+                    sched.advance(plan, env.now, result.next_token_ids)
+                    last = launched
+            finished = sched.pop_finished()
+            done.extend(finished)
+            bar.update(len(finished))
+        bar.close()
+
+    def _overlap_run_times(self, plan: StepPlan, num_steps: int, sched_s: float, prev_end_s: float,
+                           next_arrival: float | None):
+        """Start and end of each step of a coalesced decode run under overlap, and the time the step
+        after the run is planned (the end of the run's second-to-last step). Step j of the run is
+        planned at sched[j] (sched[0] = sched_s, sched[1] = prev_end_s, then the end of step j-2) and
+        starts at max(end of step j-1, sched[j] + host). The run is cut so that no arrival falls at
+        or before any planning time inside it. None if fewer than two steps remain."""
+        durations = self.executor.decode_durations_s(plan, num_steps)
+        host = self.executor.decode_host_s(plan)
+        gpu = np.asarray(durations, dtype=np.float64) - host
+        starts, ends, sched = [], [], [sched_s, prev_end_s]
+        end = prev_end_s
+        for j in range(num_steps):
+            if j >= 2:
+                sched.append(ends[j - 2])
+            if next_arrival is not None and j >= 1 and sched[j] >= next_arrival:
+                break                       # step j's planning would see the arrival: stop before it
+            start = max(end, sched[j] + host)
+            end = start + gpu[j]
+            starts.append(start)
+            ends.append(end)
+        if len(ends) < 2:
+            return None
+        return starts, ends, ends[-2]

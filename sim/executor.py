@@ -50,14 +50,23 @@ class SimExecutor:
         return stream
 
     def execute(self, plan: StepPlan) -> StepResult:
-        duration_s = self.cost_model.step_time_s(StepShape.from_plan(plan))
+        shape = StepShape.from_plan(plan)
+        duration_s = self.cost_model.step_time_s(shape)
         streams, tokens = self._streams, []
         for it in plan.items:
             if it.samples:
                 req = it.request
                 stream = streams.get(req.rid) or self._stream(req)
-                tokens.append(stream[len(req.output_ids)])
-        return StepResult(next_token_ids=tokens, duration_s=duration_s)
+                index = len(req.output_ids)
+                # past max_new_tokens: the step after the last one under overlap (its token is dropped)
+                tokens.append(stream[index] if index < len(stream) else 0)
+        return StepResult(next_token_ids=tokens, duration_s=duration_s,
+                          host_s=self.cost_model.host_time_s(shape))
+
+    def decode_host_s(self, plan: StepPlan) -> float:
+        """Host share of each step of a decode run of `plan`'s batch (independent of context)."""
+        n = len(plan.items)
+        return self.cost_model.host_time_s(StepShape(num_decode_reqs=n, decode_context_tokens=n))
 
     def decode_durations_s(self, plan: StepPlan, num_steps: int) -> np.ndarray:
         num_reqs = len(plan.items)

@@ -30,6 +30,7 @@ class ScheduledItem:
     new_slots: list[int]
     is_decode: bool
     samples: bool
+    dropped: bool = False    # its request ended or was retracted before the step was applied
 
     @property
     def context_tokens(self) -> int:
@@ -73,3 +74,4 @@ class StepResult:
 
     next_token_ids: list[int]
     duration_s: float | None = None
+    host_s: float = 0.0        # of duration_s, the host's share (what overlap scheduling can hide)

@@ -65,6 +65,7 @@ class KVManager:
         self.cache.lock(match.node, now, req.priority)
         req.cache_node = match.node
         req.kv_slots = list(match.slots)
+        req.kv_version += 1
         req.num_computed_tokens = match.length
         req.num_locked_prefix_tokens = match.length
 
@@ -73,6 +74,7 @@ class KVManager:
         self.cache.unlock(req.cache_node, now)
         req.cache_node = None
         req.kv_slots = []
+        req.kv_version += 1
         req.num_computed_tokens = 0
         req.num_locked_prefix_tokens = 0
 
@@ -149,7 +151,10 @@ class KVManager:
         self.cache.lock(match.node, now, req.priority)
         self.cache.unlock(req.cache_node, now)
         req.cache_node = match.node
-        req.kv_slots[:aligned] = match.slots
+        locked = req.num_locked_prefix_tokens   # slots before `locked` are the cache's already
+        if req.kv_slots[locked:aligned] != list(match.slots[locked:aligned]):   # the cache held duplicates
+            req.kv_slots[locked:aligned] = match.slots[locked:aligned]
+            req.kv_version += 1
         req.num_locked_prefix_tokens = aligned
 
     def release(self, req: Request, now: float, count_hit: bool = True) -> None:
@@ -164,5 +169,6 @@ class KVManager:
         self.cache.unlock(req.cache_node, now)
         req.cache_node = None
         req.kv_slots = []
+        req.kv_version += 1
         req.num_computed_tokens = 0
         req.num_locked_prefix_tokens = 0

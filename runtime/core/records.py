@@ -46,11 +46,14 @@ class StepLog:
             self.plan_signatures.append(plan.signature())
 
     def record_decode_run(self, plan: StepPlan, start_s: Sequence[float], end_s: Sequence[float],
-                          kv_tokens_used: Sequence[int], num_waiting: int, num_running: int) -> None:
-        """`num_running`: after the last step (only the last step of a run can finish requests)."""
+                          kv_tokens_used: Sequence[int], num_waiting: int, num_running: int,
+                          step_offset: int = 0) -> None:
+        """`num_running`: after the last step (only the last step of a run can finish requests).
+        `step_offset`: the first recorded step is the run's step `step_offset` (0 = plan's own)."""
         k = len(end_s)
         c = self.columns
-        c["step_id"].extend(range(plan.step_id, plan.step_id + k))
+        first = plan.step_id + step_offset
+        c["step_id"].extend(range(first, first + k))
         c["start_s"].extend(start_s)
         c["end_s"].extend(end_s)
         c["mode"].extend([plan.mode.value] * k)
@@ -59,11 +62,11 @@ class StepLog:
         c["num_decode_requests"].extend([plan.num_decode_requests] * k)
         c["num_cache_hit_tokens"].extend([0] * k)
         c["kv_tokens_used"].extend(kv_tokens_used)
-        c["num_retractions"].extend([len(plan.retracted_rids)] + [0] * (k - 1))
+        c["num_retractions"].extend([len(plan.retracted_rids) if step_offset == 0 else 0] + [0] * (k - 1))
         c["num_waiting"].extend([num_waiting] * k)
         c["num_running"].extend([plan.batch_size] * (k - 1) + [num_running])   # finishes end a run
         if self.plan_signatures is not None:
-            for j in range(k):
+            for j in range(step_offset, step_offset + k):
                 self.plan_signatures.append(tuple((it.request.rid, it.num_prefix_tokens + j, 1) for it in plan.items))
 
 

@@ -95,6 +95,7 @@ class Request:
     num_computed_tokens: int = 0
     kv_slots: list[int] = field(default_factory=list)
     num_locked_prefix_tokens: int = 0   # tokens of kv_slots owned by the radix cache (locked)
+    kv_version: int = 0                 # bumped whenever kv_slots is rewritten rather than appended to
     cache_node: Any = None              # the radix node locked for this request, or None
     num_cached_tokens: int = 0          # radix-cache hit tokens at the first admission
     num_retractions: int = 0
@@ -149,9 +150,12 @@ class Request:
     def is_finished(self) -> bool:
         return self.status in (RequestStatus.FINISHED, RequestStatus.ABORTED)
 
-    def finishes_with(self, token_id: int) -> FinishReason | None:
-        """The reason this request ends after appending `token_id`, or None."""
-        if len(self.output_ids) >= self.sampling.max_new_tokens:
+    def finishes_with(self, token_id: int, num_outputs: int | None = None) -> FinishReason | None:
+        """The reason this request ends with `token_id` as its `num_outputs`-th output token
+        (default: the last one appended), or None."""
+        if num_outputs is None:
+            num_outputs = len(self.output_ids)
+        if num_outputs >= self.sampling.max_new_tokens:
             return FinishReason.LENGTH
         if not self.sampling.ignore_eos and token_id in self.sampling.stop_token_ids:
             return FinishReason.STOP

@@ -252,32 +252,67 @@ class Scheduler:
 
     # -- results ----------------------------------------------------------------------------
     def commit(self, plan: StepPlan, result: StepResult, now: float) -> None:
-        """Apply a finished step at time `now` (its end): advance computed tokens, append the
-        sampled tokens, finish requests, cache prefilled prefixes, move prefills to running."""
-        tokens = iter(result.next_token_ids)
-        num_ended = 0
+        """Apply a finished step at time `now` (its end): `advance` then `resolve` (no overlap)."""
+        self.advance(plan, now, result.next_token_ids)
+        self.resolve(plan, result, now)
+
+    def advance(self, plan: StepPlan, now: float, placeholder_ids: list[int] | None = None) -> None:
+        """Apply what a launched step changes whatever tokens it samples: computed tokens advance,
+        each sampling item appends a placeholder output token (`placeholder_ids`, one per sampling
+        item in plan order; the executor resolves them on the device, e.g. SGLang's negative
+        future-token ids), prefilled prefixes enter the radix cache, finished prefills join
+        `running`. With overlap scheduling the next `schedule` runs after `advance` but before
+        `resolve` of this step, so a request this step ends is still in the next step's batch
+        (its token there is dropped): SGLang's overlap scheduler behaves the same way.
+        Items whose request ended (or was retracted) since they were scheduled are skipped."""
+        placeholders = iter(placeholder_ids) if placeholder_ids is not None else None
         for item in plan.items:
             req = item.request
+            token = next(placeholders) if placeholders is not None and item.samples else -1
+            if req.status is RequestStatus.WAITING or req.is_finished:
+                item.dropped = True               # ended or retracted after it was scheduled
+                continue
             req.num_computed_tokens += item.num_new_tokens
             if not item.samples:
                 self.kv.cache_unfinished(req, now)
                 continue
-            token = next(tokens)
             req.output_ids.append(token)
-            req.token_times_s.append(now)
-            if req.first_token_s is None:
-                req.first_token_s = now
-            reason = req.finishes_with(token)
-            if reason is not None:
-                self._end(req, reason, now)
-                num_ended += item.is_decode
-            elif not item.is_decode:
+            if not item.is_decode:
                 self.kv.cache_unfinished(req, now)
                 req.status = RequestStatus.DECODING
                 self.running.append(req)
+        self.step_id += 1
+
+    def resolve(self, plan: StepPlan, result: StepResult, now: float) -> None:
+        """The step's sampled tokens arrived at `now`: replace the placeholders, stamp token times,
+        end requests that reached a stop token or max_new_tokens (releasing their KV)."""
+        tokens = iter(result.next_token_ids)
+        num_ended = 0
+        for item in plan.items:
+            if not item.samples:
+                continue
+            token = next(tokens)
+            if item.dropped:
+                continue
+            req = item.request
+            index = item.num_prefix_tokens + item.num_new_tokens - len(req.input_ids)   # its output index
+            if index >= len(req.output_ids):      # retracted and re-admitted: the token was recomputed
+                continue
+            req.output_ids[index] = token
+            req.token_times_s.append(now)
+            if req.first_token_s is None:
+                req.first_token_s = now
+            if req.is_finished:
+                continue
+            reason = req.finishes_with(token, num_outputs=index + 1)
+            if reason is not None:
+                in_queue = req.status is RequestStatus.WAITING
+                self._end(req, reason, now)
+                if in_queue:                       # retracted after its step was launched
+                    self.waiting.remove(req)
+                num_ended += 1
         if num_ended:
             self.running = [r for r in self.running if not r.is_finished]
-        self.step_id += 1
 
     # -- decode runs (the simulator's fast-forward) ----------------------------------------------
     def decode_run_bound(self, plan: StepPlan, max_steps: int, now: float) -> int:

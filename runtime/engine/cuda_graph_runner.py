@@ -22,10 +22,11 @@ from runtime.engine.kv_pool import MLAKVPool
 
 
 def capture_batch_sizes(max_bs: int) -> list[int]:
-    """1, 2, 4, 8, 12, 16, then every 8 up to max_bs (max_bs itself always included)."""
+    """SGLang's capture grid: 1, 2, 4, 8, 12, 16, 24, 32, ... every 8 up to 256, then every 16, up to
+    max_bs (max_bs itself always included)."""
     if max_bs < 1:
         raise ValueError(f"cuda_graph_max_bs must be >= 1, got {max_bs}")
-    grid = [1, 2, 4, 8, 12, 16] + list(range(24, max_bs + 1, 8))
+    grid = [1, 2, 4, 8, 12, 16] + list(range(24, 257, 8)) + list(range(272, max_bs + 1, 16))
     return sorted({bs for bs in grid if bs <= max_bs} | {max_bs})
 
 

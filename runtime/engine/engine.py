@@ -10,11 +10,10 @@ from typing import Any, Sequence
 
 from omegaconf import DictConfig
 
-from runtime.app import load_format
 from runtime.build import build_core
 from runtime.core.request import RequestSpec, SamplingParams
 from runtime.driver import RealDriver
-from runtime.engine.model_runner import ModelRunner
+from runtime.engine.build_runner import build_model_runner
 from runtime.server.tokenizer import Tokenizer, load_tokenizer
 
 SAMPLING_KEYS = {f.name for f in dataclasses.fields(SamplingParams)}
@@ -43,10 +42,7 @@ class Engine:
     def __init__(self, cfg: DictConfig) -> None:
         self.cfg = cfg
         self.core = build_core(cfg)
-        self.runner = ModelRunner(dict(self.core.model.hf_config), self.core.kv_capacity_tokens,
-                                  device=cfg.real.device, dtype=cfg.real.dtype,
-                                  load_format=load_format(cfg, self.core.model.path), path=self.core.model.path,
-                                  seed=int(cfg.seed))
+        self.runner = build_model_runner(cfg, self.core)    # the fast path and graphs of mode=real
         self._tokenizer: Tokenizer | None = None
         self._ids = itertools.count()
 
@@ -85,8 +81,8 @@ class Engine:
             if not sp.stop_token_ids:
                 sp = dataclasses.replace(sp, stop_token_ids=self._stop_ids())
             specs.append(RequestSpec(f"engine-{next(self._ids)}", 0.0, tuple(ids), sp.max_new_tokens, sampling=sp))
-        outcome = RealDriver(self.core.scheduler, self.runner.execute, as_fast_as_possible=True,
-                             progress=False).run(specs)
+        outcome = RealDriver(self.core.scheduler, self.runner, as_fast_as_possible=True,
+                             progress=False, overlap=bool(self.cfg.overlap)).run(specs)
         by_rid = {r.rid: r for r in outcome.requests}
         results = [self._result(by_rid[s.rid]) for s in specs]
         return results[0] if single else results

@@ -90,10 +90,13 @@ class ForwardBatch:
 
     @classmethod
     def _assemble(cls, new_ids: Sequence[Sequence[int]], prefix_lens: list[int],
-                  kv_parts: Sequence[Sequence[int]], out_parts: Sequence[Sequence[int]],
-                  is_decode: Sequence[bool] | None, device: torch.device | str) -> "ForwardBatch":
+                  kv_parts: Sequence[Sequence[int]] | None, out_parts: Sequence[Sequence[int]],
+                  is_decode: Sequence[bool] | None, device: torch.device | str,
+                  device_kv_indices=None) -> "ForwardBatch":
         """Per-token lists go through numpy (np.fromiter, no Python loop per token); all long fields
-        travel to the device in one copy, the int32 ones in another (pinned, async on CUDA)."""
+        travel to the device in one copy, the int32 ones in another (pinned, async on CUDA).
+        `device_kv_indices(kv_indptr_device, num_kv_tokens, max_seq_len)`, when given, builds
+        kv_indices on the device (then `kv_parts` is unused and no per-KV-token host work happens)."""
         extend_lens = [len(ids) for ids in new_ids]
         seq_lens = [p + n for p, n in zip(prefix_lens, extend_lens)]
         num_seqs, num_tokens, num_kv = len(prefix_lens), sum(extend_lens), sum(seq_lens)
@@ -112,14 +115,21 @@ class ForwardBatch:
         # position of token t of sequence b: prefix[b] + (t - qo_indptr[b])
         positions[:] = np.arange(num_tokens) + np.repeat(prefix - qo_indptr[:-1], extend_lens)
         per_seq[:] = np.concatenate([kv_indptr[1:] - kv_indptr[:-1], prefix, extend_lens, qo_indptr[1:] - 1])
-        # int32 fields packed: qo_indptr [B + 1] | kv_indptr [B + 1] | kv_indices [K]
-        int32s = np.empty(2 * (num_seqs + 1) + num_kv, dtype=np.int32)
+        # int32 fields packed: qo_indptr [B + 1] | kv_indptr [B + 1] (| kv_indices [K] when built here)
+        host_kv = 0 if device_kv_indices is not None else num_kv
+        int32s = np.empty(2 * (num_seqs + 1) + host_kv, dtype=np.int32)
         int32s[:num_seqs + 1] = qo_indptr
         int32s[num_seqs + 1:2 * (num_seqs + 1)] = kv_indptr
-        int32s[2 * (num_seqs + 1):] = np.fromiter(chain.from_iterable(kv_parts), dtype=np.int32, count=num_kv)
+        if host_kv:
+            int32s[2 * (num_seqs + 1):] = np.fromiter(chain.from_iterable(kv_parts), dtype=np.int32, count=num_kv)
         long_t = _to_device(longs, device)
         int32_t = _to_device(int32s, device)
         seq_t, prefix_t, extend_t, logits_t = long_t[3 * num_tokens:].split(num_seqs)
+        kv_indptr_t = int32_t[num_seqs + 1:2 * (num_seqs + 1)]
+        if device_kv_indices is not None:
+            kv_indices_t = device_kv_indices(kv_indptr_t, num_kv, max(seq_lens, default=0))
+        else:
+            kv_indices_t = int32_t[2 * (num_seqs + 1):]
         return cls(
             input_ids=long_t[:num_tokens],
             positions=long_t[num_tokens:2 * num_tokens],
@@ -128,8 +138,8 @@ class ForwardBatch:
             prefix_lens=prefix_t,
             extend_lens=extend_t,
             qo_indptr=int32_t[:num_seqs + 1],
-            kv_indptr=int32_t[num_seqs + 1:2 * (num_seqs + 1)],
-            kv_indices=int32_t[2 * (num_seqs + 1):],
+            kv_indptr=kv_indptr_t,
+            kv_indices=kv_indices_t,
             logits_indices=logits_t,
             is_decode=_to_device(np.asarray(list(is_decode), dtype=np.bool_), device),
             seq_lens_cpu=seq_lens,

@@ -15,6 +15,7 @@ from runtime.core.batch import StepPlan, StepResult
 from runtime.engine.fast_path import (
     FastPathConfig, enable_fast_path, mla_shape, torch_reference_experts, torch_reference_small_ops,
 )
+from runtime.engine.batch_builder import BatchBuilder, FutureTokens
 from runtime.engine.forward_batch import ForwardBatch
 from runtime.engine.kv_pool import create_kv_pool
 from runtime.engine.sampler import Sampler
@@ -36,8 +37,10 @@ class ModelRunner:
 
     def __init__(self, hf_config: dict, num_kv_slots: int, device: str = "auto", dtype: str = "bfloat16",
                  load_format: str = "dummy", path: str | None = None, seed: int = 0,
-                 fast: FastPathConfig | None = None) -> None:
-        """fast: None (default) = the torch reference everywhere; on CPU it is ignored either way."""
+                 fast: FastPathConfig | None = None, max_running_requests: int = 1024,
+                 max_context_tokens: int | None = None) -> None:
+        """fast: None (default) = the torch reference everywhere; on CPU it is ignored either way.
+        max_running_requests / max_context_tokens size the request->slot table (rows, columns)."""
         if dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r}: expected one of {sorted(DTYPES)}")
         self.device = resolve_device(device)
@@ -56,6 +59,10 @@ class ModelRunner:
         # graphs: one extra slot past the core's capacity, where padding rows write
         self.pool = create_kv_pool(config, num_kv_slots + (1 if use_graphs else 0), self.dtype, self.device)
         self.sampler = Sampler(device=self.device, seed=seed)
+        rows = max_running_requests + 8          # + the chunked request and finished ones still in flight
+        columns = min(max_context_tokens or config.max_position_embeddings, num_kv_slots) + 2
+        self.future = FutureTokens(4 * rows, self.device)
+        self.batches = BatchBuilder(rows, columns, self.device, self.future)
         if use_graphs:
             self.graphs = self._capture(fast, num_kv_slots)
         self._sync()
@@ -118,16 +125,72 @@ class ModelRunner:
         self._sync()
         return time.perf_counter() - start
 
+    # -- steps ---------------------------------------------------------------------------
+    def clock_origin(self):
+        """The origin launched steps report their device times against (a CUDA event recorded on an
+        idle stream; on CPU the host clock)."""
+        if self.device.type != "cuda":
+            return time.perf_counter()
+        self._sync()
+        origin = torch.cuda.Event(enable_timing=True)
+        origin.record()
+        return origin
+
     @torch.no_grad()
-    def execute(self, plan: StepPlan) -> StepResult:
-        start = time.perf_counter()
-        logits = self.forward_logits(plan)                               # [B, V]
+    def launch(self, plan: StepPlan):
+        """Enqueue the step (inputs, forward, sampling, token copy to the host) without waiting for
+        the device; sampled tokens also land in the future ring, where the next step's inputs read
+        them. On CPU the step runs to completion here."""
+        from runtime.driver import FinishedStep
+
+        host_start = time.perf_counter()
+        cuda = self.device.type == "cuda"
+        if cuda:
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+        logits = self.forward(self.batches.build(plan))                  # [B, V]
         rows = [i for i, it in enumerate(plan.items) if it.samples]
-        tokens: list[int] = []
+        ring = self.future.reserve(len(rows))
+        placeholders = self.future.placeholders(ring)
         if rows:
             items = [plan.items[i] for i in rows]
-            ids = self.sampler.sample(logits[rows], [it.request.sampling for it in items],
+            ids = self.sampler.sample(logits[rows] if len(rows) < logits.shape[0] else logits,
+                                      [it.request.sampling for it in items],
                                       [len(it.request.output_ids) for it in items])
-            tokens = ids.tolist()                                        # the one host sync of the step
-        self._sync()
-        return StepResult(next_token_ids=tokens, duration_s=time.perf_counter() - start)
+            self.future.store(torch.from_numpy(ring).to(self.device, non_blocking=True), ids)
+        else:
+            ids = torch.empty(0, dtype=torch.long, device=self.device)
+        if not cuda:
+            result = StepResult(next_token_ids=ids.tolist(), duration_s=time.perf_counter() - host_start)
+            step = FinishedStep(result, host_start, time.perf_counter())
+            step.placeholder_ids = placeholders
+            return step
+        host_ids = torch.empty(ids.shape, dtype=torch.long, pin_memory=True)
+        host_ids.copy_(ids, non_blocking=True)
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        return _CudaStep(placeholders, host_ids, start, end)
+
+    @torch.no_grad()
+    def execute(self, plan: StepPlan) -> StepResult:
+        """launch + wait: one step, synchronously."""
+        return self.launch(plan).wait()
+
+
+class _CudaStep:
+    """A launched CUDA step: tokens arrive in a pinned host buffer; events time it on the device."""
+
+    def __init__(self, placeholder_ids: list[int], host_ids: torch.Tensor, start: torch.cuda.Event,
+                 end: torch.cuda.Event) -> None:
+        self.placeholder_ids = placeholder_ids
+        self._host_ids, self._start, self._end = host_ids, start, end
+
+    def wait(self) -> StepResult:
+        self._end.synchronize()
+        return StepResult(next_token_ids=self._host_ids.tolist(),
+                          duration_s=self._start.elapsed_time(self._end) / 1e3)
+
+    def interval_s(self, origin) -> tuple[float, float] | None:
+        if not isinstance(origin, torch.cuda.Event):
+            return None
+        return origin.elapsed_time(self._start) / 1e3, origin.elapsed_time(self._end) / 1e3

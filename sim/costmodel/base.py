@@ -68,6 +68,11 @@ class CostModel(Protocol):
         """Duration of the step: GPU work, launch overhead and per-step CPU overhead."""
         ...
 
+    def host_time_s(self, shape: StepShape) -> float:
+        """The part of step_time_s(shape) spent on the host (scheduling, batch building, result
+        processing): with overlap scheduling it runs while the GPU executes the previous step."""
+        ...
+
     def decode_times_s(self, num_reqs: int, context_tokens: np.ndarray) -> np.ndarray:
         """Durations of consecutive decode-only steps of one batch of `num_reqs` requests,
         where context_tokens[j] is the step-j sum of KV lengths. Element j must equal

@@ -22,6 +22,9 @@ class ReplayCostModel:
         self.next_step += 1
         return self.durations_s[self.next_step - 1]
 
+    def host_time_s(self, shape: StepShape) -> float:
+        return 0.0      # measured durations already include whatever host time was not hidden
+
     def decode_times_s(self, num_reqs: int, context_tokens: np.ndarray) -> np.ndarray:
         return np.array([self.step_time_s(None) for _ in range(len(context_tokens))])  # type: ignore[arg-type]
 

@@ -29,7 +29,7 @@ class RooflineCostModel:
     `moe_efficiency` multiplies both for the fused-MoE grouped GEMMs, `comm_efficiency` for
     NVLink collectives, which also pay `comm_latency_s` each.
 
-    Launch: a decode-only step of at most `cuda_graph_max_bs` requests replays a CUDA graph
+    Launch: a decode-only step of at most `cuda_graph_max_bs` (None: any number of) requests replays a CUDA graph
     (`hardware.cuda_graph_launch_s`, when `cuda_graph`); any other step launches every kernel
     eagerly at `hardware.kernel_launch_s` each, overlapped with GPU work, so only the host time
     beyond the GPU time shows (at least one launch). Each kernel also costs `kernel_floor_s` of
@@ -43,7 +43,7 @@ class RooflineCostModel:
                  mfu: float = 0.75, mbu: float = 0.85, attention_mfu: float = 0.55,
                  attention_mbu: float = 0.7, moe_efficiency: float = 0.7,
                  comm_efficiency: float = 0.7, comm_latency_s: float = 10e-6,
-                 cuda_graph: bool = True, cuda_graph_max_bs: int = 256,
+                 cuda_graph: bool = True, cuda_graph_max_bs: int | None = None,
                  kernels_per_layer: int | None = None, kernel_floor_s: float = 1.5e-6,
                  eager_kernel_gap_s: float = 1.0e-6,
                  cpu_overhead_s: float = 2e-4, cpu_overhead_per_seq_s: float = 2e-6,
@@ -77,6 +77,9 @@ class RooflineCostModel:
         return float(self._total_s(shape.extend_new_tokens, shape.extend_prefix_tokens,
                                    shape.num_decode_reqs, ctx)[0])
 
+    def host_time_s(self, shape: StepShape) -> float:
+        return self._fixed(shape.extend_new_tokens, shape.extend_prefix_tokens, shape.num_decode_reqs).cpu_s
+
     def decode_times_s(self, num_reqs: int, context_tokens: np.ndarray) -> np.ndarray:
         ctx = np.asarray(context_tokens, dtype=np.float64)
         return self._total_s((), (), int(num_reqs), ctx)
@@ -95,8 +98,8 @@ class RooflineCostModel:
     # -- internals ------------------------------------------------------------------
     def _fixed_terms(self, extend_new: tuple[int, ...], extend_prefix: tuple[int, ...],
                      num_decode: int) -> FixedTerms:
-        use_graph = (self.cuda_graph and not extend_new
-                     and 0 < num_decode <= self.cuda_graph_max_bs)
+        use_graph = (self.cuda_graph and not extend_new and 0 < num_decode
+                     and (self.cuda_graph_max_bs is None or num_decode <= self.cuda_graph_max_bs))
         terms = price_fixed_terms(self.coef, extend_new, extend_prefix, num_decode, use_graph)
         num_seqs = len(extend_new) + num_decode
         terms.cpu_s = self.cpu_overhead_s + self.cpu_overhead_per_seq_s * num_seqs

@@ -81,3 +81,9 @@ def test_fill_dummy() -> None:
     inputs = DecodeGraphInputs(max_bs=8, max_kv_tokens=16, dummy_slot=DUMMY, device="cpu")
     assert inputs.fill_dummy(4) == [0, 1, 2, 3, 4]
     assert inputs.out_cache_loc[:4].tolist() == [DUMMY] * 4 and inputs.kv_indices[:4].tolist() == [DUMMY] * 4
+
+
+def test_capture_grid_past_256_steps_by_16():
+    sizes = capture_batch_sizes(1024)
+    assert 256 in sizes and 272 in sizes and 264 not in sizes and sizes[-1] == 1024
+    assert all(b - a == 16 for a, b in zip(sizes[sizes.index(256):], sizes[sizes.index(256) + 1:]))

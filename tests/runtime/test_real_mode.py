@@ -14,6 +14,7 @@ from experiments.compose import compose_config  # noqa: E402
 from runtime.app import leaked_slots, run_real  # noqa: E402
 from runtime.build import build_core  # noqa: E402
 from runtime.driver import RealDriver, all_at_once  # noqa: E402
+from runtime.request_source import ReplaySource  # noqa: E402
 from runtime.engine.model_runner import ModelRunner  # noqa: E402
 from sim.app import run_sim  # noqa: E402
 from sim.costmodel.replay import ReplayCostModel  # noqa: E402
@@ -26,8 +27,10 @@ TINY = ["model=tiny_mla_moe", "hardware=cpu", "real.device=cpu", "real.dtype=flo
 
 
 def test_real_mode_serves_and_writes_the_sim_schema(tmp_path):
-    real = run_real(compose_config(["mode=real"] + TINY), out_dir=tmp_path / "real")
-    sim = run_sim(compose_config(["mode=sim"] + TINY), out_dir=tmp_path / "sim")
+    # a small prefill budget spreads the groups over several steps, so later members hit the cache
+    small_batches = ["scheduler.max_prefill_tokens=160"]
+    real = run_real(compose_config(["mode=real"] + TINY + small_batches), out_dir=tmp_path / "real")
+    sim = run_sim(compose_config(["mode=sim"] + TINY + small_batches), out_dir=tmp_path / "sim")
     assert real["num_finished"] == real["num_requests"] == 12 and real["num_aborted"] == 0
     assert real["leaked_kv_slots"] == 0 and real["cache_hit_rate"] > 0.3
     assert set(sim) <= set(real)
@@ -38,18 +41,20 @@ def test_real_mode_serves_and_writes_the_sim_schema(tmp_path):
     assert (requests["output_tokens"] == 12).all() and (requests["finish_reason"] == "length").all()
 
 
+@pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("capacity", [4000, 260])
-def test_replayed_step_times_reproduce_the_real_plans(capacity):
+def test_replayed_step_times_reproduce_the_real_plans(capacity, overlap):
     """capacity 260 tokens forces chunking, eviction and retraction in the real run."""
+    # a reservation ratio of 0.05 over-admits on purpose, so the small pool must retract
     overrides = ["mode=real"] + TINY + [f"kv.capacity_tokens={capacity}", "scheduler.chunked_prefill_size=40",
-                                        "scheduler.max_prefill_tokens=80"]
+                                        "scheduler.max_prefill_tokens=80", "scheduler.init_new_token_ratio=0.05"]
     cfg = compose_config(overrides)
     specs = all_at_once(instantiate(cfg.workload).requests())
 
     real_core = build_core(cfg)
     runner = ModelRunner(dict(real_core.model.hf_config), real_core.kv_capacity_tokens, device="cpu",
                          dtype="float32", seed=0)
-    real = RealDriver(real_core.scheduler, runner.execute, progress=False, record_plans=True).run(specs)
+    real = RealDriver(real_core.scheduler, runner, progress=False, record_plans=True, overlap=overlap).run(specs)
     assert all(r.is_finished for r in real.requests) and len(real.requests) == len(specs)
     assert leaked_slots(real_core.scheduler) == 0
     if capacity == 260:
@@ -58,7 +63,7 @@ def test_replayed_step_times_reproduce_the_real_plans(capacity):
     sim_core = build_core(cfg)
     replay = ReplayCostModel.from_steps(real.steps.columns["start_s"], real.steps.columns["end_s"])
     sim = SimDriver(sim_core.scheduler, SimExecutor(replay, sim_core.model.vocab_size), fast_forward=False,
-                    progress=False, record_plans=True).run(specs)
+                    progress=False, record_plans=True, overlap=overlap).run(specs)
     assert sim.steps.plan_signatures == real.steps.plan_signatures
     assert sim.steps.columns["num_retractions"] == real.steps.columns["num_retractions"]
 
@@ -75,4 +80,53 @@ def test_warmup_leaves_serving_unchanged():
             assert runner.warmup([300, 64]) > 0
         done = RealDriver(core.scheduler, runner.execute, progress=False).run(specs)
         outputs.append({r.rid: r.output_ids for r in done.requests})
+    assert outputs[0] == outputs[1]
+
+
+class _AbortingSource(ReplaySource):
+    """Replays the specs and aborts every third request once it has produced a token."""
+
+    def __init__(self, specs):
+        super().__init__(specs, all_at_once=True)
+        self.seen: dict[str, object] = {}
+        self.aborted: set[str] = set()
+
+    def poll(self, now_s):
+        reqs = super().poll(now_s)
+        self.seen.update({r.rid: r for r in reqs})
+        return reqs
+
+    def aborted_rids(self):
+        rids = [rid for i, (rid, r) in enumerate(sorted(self.seen.items()))
+                if i % 3 == 0 and r.output_ids and rid not in self.aborted]
+        self.aborted.update(rids)
+        return rids
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_aborts_and_retractions_leak_no_kv_slot(overlap):
+    cfg = compose_config(["mode=real"] + TINY + ["kv.capacity_tokens=260", "scheduler.chunked_prefill_size=40",
+                                                 "scheduler.max_prefill_tokens=80", "scheduler.init_new_token_ratio=0.05"])
+    specs = instantiate(cfg.workload).requests()
+    core = build_core(cfg)
+    runner = ModelRunner(dict(core.model.hf_config), core.kv_capacity_tokens, device="cpu", dtype="float32", seed=0)
+    source = _AbortingSource(specs)
+    done = RealDriver(core.scheduler, runner, progress=False, overlap=overlap).serve(source)
+    assert len(done.requests) == len(specs) and source.aborted
+    assert sum(r.finish_reason.value == "abort" for r in done.requests) == len(source.aborted)
+    assert leaked_slots(core.scheduler) == 0 and core.scheduler.num_retractions > 0
+
+
+def test_overlap_gives_the_same_greedy_tokens():
+    """fp32 tiny model on CPU: planning step n+1 before step n's tokens are known (placeholders
+    resolved from the future ring) changes no token."""
+    cfg = compose_config(["mode=real"] + TINY + ["kv.capacity_tokens=4000"])
+    specs = all_at_once(instantiate(cfg.workload).requests())
+    outputs = []
+    for overlap in (False, True):
+        core = build_core(cfg)
+        runner = ModelRunner(dict(core.model.hf_config), core.kv_capacity_tokens, device="cpu", dtype="float32")
+        done = RealDriver(core.scheduler, runner, progress=False, overlap=overlap).run(specs)
+        outputs.append({r.rid: r.output_ids for r in done.requests})
+        assert leaked_slots(core.scheduler) == 0
     assert outputs[0] == outputs[1]

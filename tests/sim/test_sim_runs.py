@@ -38,14 +38,23 @@ def test_same_seed_gives_identical_outputs(tmp_path):
     assert _without_wall(c) != _without_wall(a)
 
 
-@pytest.mark.parametrize("policy", ["fcfs", "lpm"])
-def test_summary_matches_stored_expectation(tmp_path, policy):
+EXPECTATION_POLICIES = ("fcfs", "lpm")
+
+
+def expectation_run(tmp_path: Path, policy: str) -> dict:
+    """The seeded run whose summary is stored under expected/ (a small pool: eviction, retraction)."""
     summary, _ = simulate(tmp_path, policy, [f"policy={policy}", "kv.capacity_tokens=20000"])
+    return _without_wall(summary)
+
+
+@pytest.mark.parametrize("policy", EXPECTATION_POLICIES)
+def test_summary_matches_stored_expectation(tmp_path, policy):
+    summary = expectation_run(tmp_path, policy)
     expected_file = EXPECTED / f"small_{policy}.json"
-    if not expected_file.exists():      # first run writes it; commit the file
-        expected_file.write_text(json.dumps(_without_wall(summary), indent=2, sort_keys=True) + "\n")
+    assert expected_file.exists(), f"{expected_file} missing: regenerate on purpose with " \
+                                   "`python -m tests.sim.regenerate_expected` and commit it"
     expected = json.loads(expected_file.read_text())
-    _assert_close(_without_wall(summary), expected)
+    _assert_close(summary, expected)
 
 
 def _assert_close(actual, expected, path="summary"):
@@ -73,12 +82,13 @@ def test_lpm_beats_fcfs_on_cache_hits_and_ttft(tmp_path):
 @pytest.mark.parametrize("capacity,policy,max_running", [
     (40000, "fcfs", 1024), (6000, "fcfs", 1024), (6000, "lpm", 1024), (6000, "random", 1024),
     (40000, "lpm", 4), (40000, "random", 4)])
-def test_fast_forward_is_exact(tmp_path, capacity, policy, max_running):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_fast_forward_is_exact(tmp_path, capacity, policy, max_running, overlap):
     """Also with a queue blocked on memory (capacity 6000): runs end where admission would pass;
     and blocked on max_running_requests, where a stateful policy (random) must not be fast-forwarded."""
     overrides = ["workload=random", "workload.num_requests=60", "workload.request_rate=20",
                  f"kv.capacity_tokens={capacity}", "workload.input_len=512", "workload.output_len=128",
-                 f"policy={policy}", f"scheduler.max_running_requests={max_running}"]
+                 f"policy={policy}", f"scheduler.max_running_requests={max_running}", f"overlap={overlap}"]
     on, dir_on = simulate(tmp_path, "on", overrides + ["sim.fast_forward=true"])
     off, dir_off = simulate(tmp_path, "off", overrides + ["sim.fast_forward=false"])
     req_on, req_off = pd.read_parquet(dir_on / "requests.parquet"), pd.read_parquet(dir_off / "requests.parquet")
@@ -87,3 +97,18 @@ def test_fast_forward_is_exact(tmp_path, capacity, policy, max_running):
     pd.testing.assert_frame_equal(steps_on.drop(columns=["start_s", "end_s"]), steps_off.drop(columns=["start_s", "end_s"]))
     pd.testing.assert_series_equal(steps_on["end_s"], steps_off["end_s"], rtol=1e-9)
     pd.testing.assert_frame_equal(req_on.drop(columns=["token_times_s"]), req_off.drop(columns=["token_times_s"]), rtol=1e-9)
+
+
+def test_overlap_hides_host_time_and_notices_finishes_one_step_later(tmp_path):
+    """Overlap: each step costs max(GPU, host) rather than their sum, and a request that ends in
+    step n still rides in step n+1 (SGLang's overlap scheduler), so batches are never smaller."""
+    overrides = ["workload=random", "workload.num_requests=40", "workload.request_rate=inf",
+                 "workload.input_len=256", "workload.output_len=16", "workload.range_ratio=1.0",
+                 "sim.fast_forward=false"]
+    on, dir_on = simulate(tmp_path, "on", overrides + ["overlap=true"])
+    off, dir_off = simulate(tmp_path, "off", overrides + ["overlap=false"])
+    steps_on, steps_off = pd.read_parquet(dir_on / "steps.parquet"), pd.read_parquet(dir_off / "steps.parquet")
+    assert on["duration_s"] < off["duration_s"]
+    assert steps_on["num_decode_requests"].sum() > steps_off["num_decode_requests"].sum()
+    req_on = pd.read_parquet(dir_on / "requests.parquet")
+    assert (req_on["output_tokens"] == 16).all() and (req_on["finish_reason"] == "length").all()

@@ -1,0 +1,53 @@
+"""The one way to build a model runner from a composed config (mode=real, mode=serve, the offline
+Engine and the benches): device, dtype, weights, fast path, CUDA graphs for every decode batch the
+scheduler may run, warm-up. Imports torch."""
+from __future__ import annotations
+
+import time
+
+from omegaconf import DictConfig
+
+from runtime.build import CoreComponents
+from runtime.core.memory_budget import slot_table_rows
+from runtime.engine.fast_path import FastPathConfig
+from runtime.engine.model_runner import ModelRunner, resolve_device
+
+CPU_POOL_LIMIT_BYTES = 8 * 2**30
+
+
+def load_format(cfg: DictConfig, path: str | None) -> str:
+    if cfg.real.load_format != "auto":
+        return cfg.real.load_format
+    return "safetensors" if path else "dummy"
+
+
+def graph_max_batch_size(cfg: DictConfig) -> int:
+    """`real.cuda_graph_max_bs`, or (null) every decode batch the scheduler may run."""
+    value = cfg.real.get("cuda_graph_max_bs")
+    return int(value) if value is not None else int(cfg.scheduler.max_running_requests)
+
+
+def build_model_runner(cfg: DictConfig, core: CoreComponents, warmup: bool | None = None) -> ModelRunner:
+    """A ModelRunner for `core` (its KV capacity, scheduler limits) as `cfg.real` asks; on CUDA it
+    also warms up the JIT kernels (`real.warmup`) and reports `runner.warmup_s`."""
+    device = resolve_device(cfg.real.device)
+    pool_bytes = core.kv_capacity_tokens * core.model.kv_bytes_per_token(int(cfg.kv.dtype_bytes))
+    if device.type == "cpu" and pool_bytes > CPU_POOL_LIMIT_BYTES:
+        raise ValueError(f"a KV pool of {core.kv_capacity_tokens} tokens ({pool_bytes / 2**30:.1f} GiB) "
+                         f"is sized for hardware={core.hardware.name}; on CPU use hardware=cpu or set "
+                         "kv.capacity_tokens")
+    config = core.scheduler.config
+    fast = FastPathConfig(enabled=bool(cfg.real.fast_path), cuda_graph=bool(cfg.real.cuda_graph),
+                          cuda_graph_max_bs=graph_max_batch_size(cfg), progress=bool(cfg.progress))
+    runner = ModelRunner(dict(core.model.hf_config), core.kv_capacity_tokens, device=str(device),
+                         dtype=cfg.real.dtype, load_format=load_format(cfg, core.model.path),
+                         path=core.model.path, seed=int(cfg.seed), fast=fast,
+                         max_running_requests=slot_table_rows(config) - 8,
+                         max_context_tokens=core.model.max_context_tokens)
+    runner.warmup_s = 0.0
+    if (cfg.real.warmup if warmup is None else warmup) and device.type == "cuda":
+        chunk = int(cfg.scheduler.chunked_prefill_size)
+        started = time.perf_counter()
+        runner.warmup(sorted({chunk if chunk > 0 else 8192, 2048, 512, 64}, reverse=True))
+        runner.warmup_s = time.perf_counter() - started
+    return runner
