@@ -153,8 +153,11 @@ class OnlineSource:
         self._outputs.append(RequestOutput(t.request.rid, token_ids, finish, detok))
 
     def _take_new_tokens(self, t: _Tracked) -> list[int]:
-        """Output tokens not sent yet; with stop strings, only those up to the one completing a stop."""
-        new = t.request.output_ids[t.num_sent:]
+        """Output tokens not sent yet; with stop strings, only those up to the one completing a stop.
+        Only tokens whose step has resolved (they have a time): with overlap scheduling the tail of
+        `output_ids` can be a placeholder of the step still on the device."""
+        req = t.request
+        new = req.output_ids[t.num_sent:len(req.token_times_s)]
         if t.stop is not None:
             for k, token in enumerate(new):
                 t.stop.feed(t.text.push([token]))
