@@ -9,7 +9,7 @@ import time
 import traceback
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from runtime.server.ipc import Addresses, ControlReply, ControlReq, Ready
 
@@ -84,34 +84,13 @@ def write_records(requests, steps, out_dir: str | Path, wall_time_s: float, plot
     return out, summary
 
 
-def build_runner(cfg: DictConfig, core):
-    """The model runner of `mode=real`, built the same way (weights, fast path, CUDA graphs, warm-up)."""
-    from runtime.app import CPU_POOL_LIMIT_BYTES, load_format
-    from runtime.engine.fast_path import FastPathConfig
-    from runtime.engine.model_runner import ModelRunner, resolve_device
-
-    device = resolve_device(cfg.real.device)
-    pool_bytes = core.kv_capacity_tokens * core.model.kv_bytes_per_token(int(cfg.kv.dtype_bytes))
-    if device.type == "cpu" and pool_bytes > CPU_POOL_LIMIT_BYTES:
-        raise ValueError(f"a KV pool of {core.kv_capacity_tokens} tokens is sized for hardware={core.hardware.name}; "
-                         "on CPU use hardware=cpu or set kv.capacity_tokens")
-    runner = ModelRunner(dict(core.model.hf_config), core.kv_capacity_tokens, device=str(device),
-                         dtype=cfg.real.dtype, load_format=load_format(cfg, core.model.path), path=core.model.path,
-                         seed=int(cfg.seed),
-                         fast=FastPathConfig(enabled=bool(cfg.real.fast_path), cuda_graph=bool(cfg.real.cuda_graph),
-                                             cuda_graph_max_bs=int(cfg.real.cuda_graph_max_bs), progress=False))
-    if cfg.real.warmup and device.type == "cuda":
-        chunk = int(cfg.scheduler.chunked_prefill_size)
-        runner.warmup(sorted({chunk if chunk > 0 else 8192, 2048, 512, 64}, reverse=True))
-    return runner, device
-
-
 def run_scheduler(cfg_container: dict, addresses: Addresses, parent_pid: int) -> None:
     """Process entry: build, announce Ready, serve until shutdown, write the records, say goodbye."""
     import zmq
 
     from runtime.build import build_core
     from runtime.driver import RealDriver
+    from runtime.engine.build_runner import build_model_runner
     from runtime.server.ipc import pull_socket, push_socket
     from runtime.server.online_source import OnlineSource
     from runtime.server.process_utils import child_process_setup
@@ -124,14 +103,13 @@ def run_scheduler(cfg_container: dict, addresses: Addresses, parent_pid: int) ->
     try:
         started = time.perf_counter()
         core = build_core(cfg)
-        runner, device = build_runner(cfg, core)
+        runner = build_model_runner(cfg, core)
         tokenizer = load_tokenizer(cfg.tokenizer.path, core.model.vocab_size)
         control = SchedulerControl(core.scheduler, cfg.output_dir, started)
         control.source = source = OnlineSource(pull, push, core.scheduler, tokenizer, control, parent_pid=parent_pid)
-        control.driver = driver = RealDriver(core.scheduler, runner.execute, progress=False,
-                                             overlap=bool(cfg.get("overlap", False)))
+        control.driver = driver = RealDriver(core.scheduler, runner, progress=False, overlap=bool(cfg.overlap))
         push.send_pyobj(Ready(core.kv_capacity_tokens, core.model.max_context_tokens, core.model.vocab_size,
-                              str(device), os.getpid()))
+                              str(runner.device), os.getpid()))
         outcome = driver.serve(source)
         source.flush()
         out, summary = write_records(outcome.requests, outcome.steps, cfg.output_dir,
