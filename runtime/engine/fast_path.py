@@ -30,6 +30,7 @@ from runtime.models.moe import MoE, TopKRouter, set_experts_fn
 MLA_KERNELS = ("auto", "flashinfer", "triton")
 _FLASHINFER_DIMS = (512, 64)   # (kv_lora_rank, rope dim) FlashInfer's MLA kernels are compiled for
 _EAGER_WORKSPACE_BYTES = 512 * 2**20   # the eager wrapper also plans long prefill chunks
+_MIN_ROPE_POSITIONS = 131072            # rows of the fused rotary table at least (64 MiB at R = 128)
 
 
 @dataclass
@@ -38,7 +39,7 @@ class FastPathConfig:
 
     enabled: bool = True                 # FlashInfer/Triton MLA + Triton fused MoE
     cuda_graph: bool = True              # capture decode steps (MLA models with the fast path only)
-    cuda_graph_max_bs: int = 256         # largest captured decode batch; larger batches run eagerly
+    cuda_graph_max_bs: int = 1024        # largest captured decode batch; larger batches run eagerly
     cuda_graph_batch_sizes: tuple[int, ...] | None = None   # explicit sizes (benchmarks); None = the grid
     mla_kernel: str = "auto"             # attention kernel, MLA and GQA: auto (FlashInfer when importable) | flashinfer | triton
     fused_small_ops: bool = True         # Triton add+RMSNorm / RMSNorm / SiLU-and-mul / rotary in the model
@@ -183,7 +184,11 @@ class FusedSmallOps:
         self._rmsnorm, self._add_rmsnorm = rmsnorm_triton, fused_add_rmsnorm_triton
         self._silu_and_mul, self._rope = silu_and_mul_triton, rope_triton
         self._silu_and_mul_gated = silu_and_mul_gated_triton
-        self.cos_sin_cache = model.rotary.cos_sin_cache(model.config.max_position_embeddings)   # [P, R] fp32
+        # [P, R] fp32. The kernel does not bound-check positions while the reference rotates any position:
+        # the table covers at least _MIN_ROPE_POSITIONS even when the config's maximum is smaller (Llama-3-8B:
+        # 8,192), and longer contexts get the reference's angles instead of reads past the table
+        positions = max(model.config.max_position_embeddings, _MIN_ROPE_POSITIONS)
+        self.cos_sin_cache = model.rotary.cos_sin_cache(positions)
 
     def rmsnorm(self, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
         return self._rmsnorm(x, norm.weight, norm.eps)

@@ -35,6 +35,7 @@ from runtime.engine.model_runner import ModelRunner  # noqa: E402
 from runtime.models.config import ModelConfig  # noqa: E402
 from runtime.models.loader import build_model  # noqa: E402
 from runtime.models.moe import MoE  # noqa: E402
+from runtime.models.rotary import apply_rotary  # noqa: E402
 from tests.engine.test_fast_path import (  # noqa: E402
     MAX_LEN, Sequences, assert_close_logits, hf_config, prompts,
 )
@@ -93,6 +94,22 @@ def test_fused_gqa_path_matches_reference_fp32(name: str) -> None:
     for layer in range(config.num_hidden_layers):
         for got, want in zip(fast_pool.get_kv(layer), ref_pool.get_kv(layer)):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"{name} layer {layer} KV")
+
+
+@interpreter_only
+def test_fused_rotary_covers_positions_past_the_config_maximum() -> None:
+    """tiny_llama's max_position_embeddings is 2,048; a longer context still gets the reference's angles."""
+    model = build_model(tiny_config("tiny_llama"), torch.float32, "cpu", seed=0)
+    ops = FusedSmallOps(model)
+    assert ops.cos_sin_cache.shape[0] > 100_000 > model.config.max_position_embeddings
+    positions = torch.tensor([0, 2047, 2048, 9000, 100_000])
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(5, 4, 16, generator=gen), torch.randn(5, 2, 16, generator=gen)
+    cos, sin = model.rotary.cos_sin(positions)
+    want_q, want_k = apply_rotary(q, cos, sin, False), apply_rotary(k, cos, sin, False)
+    ops.rope(positions, q, k, interleaved=False)
+    torch.testing.assert_close(q, want_q, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(k, want_k, rtol=1e-5, atol=1e-5)
 
 
 @interpreter_only
