@@ -31,6 +31,7 @@ def write_run_plots(run_dir: str | Path, requests: pd.DataFrame, steps: pd.DataF
     """Write the three PNGs and report.md into `run_dir`; returns the paths written. Empty
     frames give figures that say "no data" rather than errors."""
     out = Path(run_dir)
+    requests, steps = numeric(requests), numeric(steps)
     finished = requests[requests["finish_reason"].isin(["length", "stop"])]
     pngs = []
     for name, draw in ((LATENCY_PNG, lambda: latency_figure(finished)),
@@ -39,6 +40,27 @@ def write_run_plots(run_dir: str | Path, requests: pd.DataFrame, steps: pd.DataF
         draw().savefig(out / name, dpi=DPI)
         pngs.append(out / name)
     return pngs + [write_report(out, summary, [p.name for p in pngs])]
+
+
+TEXT_COLUMNS = ("rid", "mode", "finish_reason", "token_times_s")
+
+
+def numeric(frame: pd.DataFrame) -> pd.DataFrame:
+    """Every column but the text/list ones as numbers (records concatenated from several replicas,
+    some of them empty, can arrive with object columns)."""
+    frame = frame.copy()
+    for column in frame.columns:
+        if column not in TEXT_COLUMNS:
+            frame[column] = pd.to_numeric(frame[column], errors="coerce")
+    return frame
+
+
+def by_replica(steps: pd.DataFrame, limit: int = 8) -> list[tuple[str, pd.DataFrame]]:
+    """(label, steps) per DP replica when the records have several (the first `limit`), else one."""
+    if "replica" not in steps.columns or steps["replica"].nunique() <= 1:
+        return [("", steps)]
+    groups = list(steps.groupby("replica"))[:limit]
+    return [(f"replica {int(r)} ", part) for r, part in groups]
 
 
 def cdf(ax, values: np.ndarray, label: str) -> None:
@@ -98,10 +120,11 @@ def timeline_figure(finished: pd.DataFrame, steps: pd.DataFrame, summary: dict):
     else:
         draw_throughput(axes[0], finished, steps)
         draw_kv_usage(axes[1], steps, summary.get("kv_capacity_tokens"))
-        view = thinned(steps)
-        axes[2].plot(view["end_s"], view["num_running"], lw=0.9, label="running")
-        axes[2].plot(view["end_s"], view["num_waiting"], lw=0.9, label="waiting")
-        axes[2].legend(loc="upper right", fontsize=8)
+        for label, part in by_replica(steps):
+            view = thinned(part, MAX_TIMELINE_POINTS // 4 if label else MAX_TIMELINE_POINTS)
+            axes[2].plot(view["end_s"], view["num_running"], lw=0.9, label=f"{label}running")
+            axes[2].plot(view["end_s"], view["num_waiting"], lw=0.9, ls="--" if label else "-", label=f"{label}waiting")
+        axes[2].legend(loc="upper right", fontsize=7, ncol=2)
     axes[0].set_ylabel("tokens/s")
     axes[0].set_title("throughput, KV usage and queues over time")
     axes[1].set_ylabel("KV pool used (%)")
@@ -127,13 +150,18 @@ def draw_throughput(ax, finished: pd.DataFrame, steps: pd.DataFrame) -> None:
 
 
 def draw_kv_usage(ax, steps: pd.DataFrame, capacity_tokens: int | None) -> None:
-    view = thinned(steps)
+    """Share of the KV pool in use (each replica's own pool when there are several)."""
+    for label, part in by_replica(steps):
+        view = thinned(part, MAX_TIMELINE_POINTS // 4 if label else MAX_TIMELINE_POINTS)
+        used = view["kv_tokens_used"]
+        ax.plot(view["end_s"], 100.0 * used / capacity_tokens if capacity_tokens else used, lw=0.9,
+                label=label.strip() or None)
     if capacity_tokens:
-        ax.plot(view["end_s"], 100.0 * view["kv_tokens_used"] / capacity_tokens, lw=0.9)
         ax.set_ylim(0, 105)
     else:
-        ax.plot(view["end_s"], view["kv_tokens_used"], lw=0.9)
         ax.set_ylabel("KV tokens used")
+    if len(by_replica(steps)) > 1:
+        ax.legend(loc="upper right", fontsize=7, ncol=2)
 
 
 def step_duration_figure(steps: pd.DataFrame):

@@ -51,3 +51,10 @@ def test_plots_can_be_turned_off(tmp_path):
     write_run(tmp_path, pd.DataFrame(columns=list(REQUEST_COLUMNS)), pd.DataFrame(columns=list(STEP_COLUMNS)),
               {"mode": "sim"}, plots=False)
     assert not list(tmp_path.glob("*.png")) and not (tmp_path / "report.md").exists()
+
+
+def test_dp_replicas_some_idle_still_give_figures(tmp_path, capsys):
+    run_sim(compose_config(SMALL + ["dp=4", "workload.num_groups=1", "workload.prompts_per_group=2"]), out_dir=tmp_path)
+    assert "warning" not in capsys.readouterr().err
+    for name in PNGS:
+        assert (tmp_path / name).read_bytes().startswith(PNG_MAGIC)
