@@ -8,7 +8,7 @@ from __future__ import annotations
 import weakref
 
 from runtime.core.cache.allocator import KVSlotAllocator
-from runtime.core.cache.radix_cache import MatchResult, RadixCache
+from runtime.core.cache.radix_cache import MatchResult, RadixCache, TreeNode
 from runtime.core.request import Request
 
 
@@ -124,36 +124,35 @@ class KVManager:
     def _aligned(self, num_tokens: int) -> int:
         return num_tokens - num_tokens % self.page_size
 
-    def _insert_computed(self, req: Request, now: float, count_hit: bool) -> int:
+    def _insert_computed(self, req: Request, now: float, count_hit: bool) -> tuple[int, int, TreeNode | None]:
         """Insert the page-aligned computed tokens into the cache and free the request's
-        duplicates of what the cache already held. Returns the aligned length inserted."""
+        duplicates of what the cache already held. Returns (aligned length, length the cache
+        already held, the node ending at the aligned length), or (locked, locked, None) when
+        nothing new is inserted."""
+        locked = req.num_locked_prefix_tokens
         aligned = self._aligned(req.num_computed_tokens)
-        if not self.cache.enabled or aligned <= req.num_locked_prefix_tokens:
-            return req.num_locked_prefix_tokens
+        if not self.cache.enabled or aligned <= locked:
+            return locked, locked, None
         tokens = req.input_ids if aligned <= len(req.input_ids) else req.tokens()   # no copy of a prompt
-        locked = MatchResult(req.num_locked_prefix_tokens, req.cache_node)   # in the tree, pinned
-        already, _ = self.cache.insert_path(tokens, req.kv_slots, now, req.priority, count_hit,
-                                            num_tokens=aligned, start=locked)
-        if already > req.num_locked_prefix_tokens:
-            self.allocator.free(req.kv_slots[req.num_locked_prefix_tokens:already])
-        return aligned
+        already, node = self.cache.insert_path(tokens, req.kv_slots, now, req.priority, count_hit,
+                                               num_tokens=aligned, start=MatchResult(locked, req.cache_node))
+        if already > locked:
+            self.allocator.free(req.kv_slots[locked:already])
+        return aligned, already, node
 
     def cache_unfinished(self, req: Request, now: float, chunked: bool = False) -> None:
         """After a prefill (chunk): put the computed prefix in the cache so other requests can hit
         it, and re-pin the request on the cache's copy. `chunked`: the prefill is not complete
         yet; the insert then counts no LFU hit (SGLang's cache_unfinished_req(chunked=True))."""
-        aligned = self._insert_computed(req, now, count_hit=not chunked)
-        if aligned <= req.num_locked_prefix_tokens:
+        aligned, already, node = self._insert_computed(req, now, count_hit=not chunked)
+        if node is None:
             return
-        tokens = req.input_ids if aligned <= len(req.input_ids) else req.tokens()
-        match = self.cache.match_prefix(tokens, max_tokens=aligned)
-        assert match.length == aligned, f"cache lost tokens of {req.rid}: {match.length} != {aligned}"
-        self.cache.lock(match.node, now, req.priority)
-        self.cache.unlock(req.cache_node, now)
-        req.cache_node = match.node
         locked = req.num_locked_prefix_tokens   # slots before `locked` are the cache's already
-        if req.kv_slots[locked:aligned] != list(match.slots[locked:aligned]):   # the cache held duplicates
-            req.kv_slots[locked:aligned] = match.slots[locked:aligned]
+        self.cache.lock(node, now, req.priority)
+        self.cache.unlock(req.cache_node, now)
+        req.cache_node = node
+        if already > locked:                    # the cache held [locked, already): use its slots
+            req.kv_slots[locked:already] = self.cache.path_slots(node, aligned, locked, already)
             req.kv_version += 1
         req.num_locked_prefix_tokens = aligned
 
@@ -163,7 +162,7 @@ class KVManager:
         for a retraction: SGLang does not insert a retracted request's KV, so it counts no hit."""
         if req.cache_node is None:
             return
-        aligned = self._insert_computed(req, now, count_hit)
+        aligned, _, _ = self._insert_computed(req, now, count_hit)
         if len(req.kv_slots) > aligned:
             self.allocator.free(req.kv_slots[aligned:])
         self.cache.unlock(req.cache_node, now)

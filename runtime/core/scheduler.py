@@ -40,6 +40,7 @@ class Scheduler:
         self.num_retractions = 0
         self._finished: list[Request] = []
         self._abort_rids: set[str] = set()
+        self._run_match_steps: np.ndarray = np.empty(0, dtype=np.int64)   # see decode_run_bound
 
     # -- intake ---------------------------------------------------------------------------
     def add(self, req: Request, now: float) -> None:
@@ -117,7 +118,7 @@ class Scheduler:
         matches: dict[Request, MatchResult] = {}
 
         def match(req: Request) -> MatchResult:
-            matches[req] = self.kv.match(req)
+            matches[req] = self.kv.match(req, now)         # touches the matched path at `now`
             return matches[req]
 
         num_cache_hit_tokens = 0
@@ -274,7 +275,7 @@ class Scheduler:
                 continue
             req.num_computed_tokens += item.num_new_tokens
             if not item.samples:
-                self.kv.cache_unfinished(req, now)
+                self.kv.cache_unfinished(req, now, chunked=True)   # no LFU hit for an unfinished chunk
                 continue
             req.output_ids.append(token)
             if not item.is_decode:
@@ -320,6 +321,7 @@ class Scheduler:
         decisions as `plan` when nothing arrives: no request can be admitted, none finishes
         before the last of them, none can hit a stop token, and the KV pool has enough free
         slots (no eviction, no retraction). Always >= 1."""
+        self._run_match_steps = np.empty(0, dtype=np.int64)
         if plan.mode is not ForwardMode.DECODE or max_steps <= 1 or self.chunked is not None:
             return 1
         if self._abort_rids or self.config.enable_mixed_chunk:
@@ -334,11 +336,15 @@ class Scheduler:
         free_pages = self.kv.allocator.num_free_slots // self.kv.page_size
         if self.waiting:
             if (self.kv.page_size != 1 or self.policy.preemption_threshold is not None
-                    or not getattr(self.policy, "stateless_order", False)):
+                    or not self.policy.stateless_order):
                 return 1                           # the per-step admission attempt cannot be replayed
             order = self.policy.order(self.waiting, self.kv.match, now)   # as each step's attempt does
+            steps, available, rem_total = self._run_admission_budget(k)
             if order and len(self.running) < self.config.max_running_requests:
-                k = min(k, self._steps_until_admission(order[0], k))
+                k = min(k, self._steps_until_admission(order[0], k, steps, rem_total))
+            # the later schedule() calls of the run that try admission (and so match, touching the
+            # matched prefixes): commit_decode_run replays the last one's touches
+            self._run_match_steps = steps[(rem_total > 0) & (available > 0)]
         if k <= 1:
             return 1
         if self.kv.page_size == 1:
@@ -352,33 +358,62 @@ class Scheduler:
                 hi = mid - 1
         return lo
 
-    def _steps_until_admission(self, first: Request, max_steps: int) -> int:
-        """With requests waiting but blocked by memory: the first later step j (1 <= j < max_steps)
-        at whose schedule() the policy's first candidate `first` would fit, replaying the admission
-        arithmetic of those steps exactly (KV use grows, the reservation ratio decays, the running
-        requests' remaining tokens shrink). Returns max_steps if none. Pages of one token only."""
-        match = self.kv.match(first)
-        cost = (first.num_fill_tokens - match.length) + min(first.max_new_tokens_left, self.config.clip_max_new_tokens)
+    def _run_admission_budget(self, max_steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The PrefillBudget of each later step j = 1 .. max_steps-1 of a decode run when nothing
+        arrives, replayed exactly (KV use grows, the reservation ratio decays, the running
+        requests' remaining tokens shrink): (steps, free + evictable KV, rem_total_tokens).
+        Pages of one token only; no mixed decodes."""
+        clip = self.config.clip_max_new_tokens
         steps = np.arange(1, max_steps)                                              # [k-1]
         left = np.array([r.max_new_tokens_left for r in self.running])               # [n]
-        reserved_tokens = np.minimum(left[None, :] - steps[:, None], self.config.clip_max_new_tokens).sum(axis=1)
+        reserved_tokens = np.minimum(left[None, :] - steps[:, None], clip).sum(axis=1)
         ratio = np.subtract.accumulate(np.concatenate(([self.new_token_ratio], np.full(max_steps - 2, self.config.new_token_ratio_decay))))
         ratio = np.maximum(ratio, self.config.min_new_token_ratio)                   # sequential decay, as stepping
         available = (self.kv.allocator.num_free_slots - len(self.running) * (steps - 1)
                      + self.kv.cache.evictable_size())
-        rem_total = available - reserved_tokens * ratio - 0
-        fits = cost <= rem_total - self.kv.newly_protected_tokens(match)
+        return steps, available, available - reserved_tokens * ratio
+
+    def _steps_until_admission(self, first: Request, max_steps: int, steps: np.ndarray,
+                               rem_total: np.ndarray) -> int:
+        """With requests waiting but blocked by memory: the first later step j (1 <= j < max_steps)
+        at whose schedule() the policy's first candidate `first` would fit (PrefillBudget.fits,
+        on that step's `rem_total`). Returns max_steps if none."""
+        match = self.kv.match(first)
+        left = max(first.sampling.max_new_tokens - len(first.output_ids), 0)
+        cost = (first.num_fill_tokens - match.length) + min(left, self.config.clip_max_new_tokens)
+        fits = cost < rem_total - self.kv.newly_protected_tokens(match)
         hits = np.flatnonzero(fits)
         return int(steps[hits[0]]) if hits.size else max_steps
+
+    def _replay_admission_matches(self, now: float) -> None:
+        """Touch what a schedule() at `now` that tries admission and admits nothing touches: the
+        policy's matches, then its first candidate's when a running slot is free."""
+        matched: set[Request] = set()
+
+        def match(req: Request) -> MatchResult:
+            matched.add(req)
+            return self.kv.match(req, now)
+        order = self.policy.order(self.waiting, match, now)
+        if order and order[0] not in matched and len(self.running) < self.config.max_running_requests:
+            match(order[0])
 
     def _run_pages(self, num_steps: int) -> int:
         """Pages the running requests need for steps 2..num_steps of a decode run."""
         return sum(self.kv.allocator.num_pages_needed(len(r.kv_slots), num_steps - 1) for r in self.running)
 
-    def commit_decode_run(self, plan: StepPlan, end_s: list[float], tokens: list[list[int]]) -> list[int]:
+    def commit_decode_run(self, plan: StepPlan, end_s: list[float], tokens: list[list[int]],
+                          schedule_s: list[float] | None = None) -> list[int]:
         """Apply k = len(end_s) decode steps of `plan`'s batch at once (k <= decode_run_bound).
-        `tokens[i]` are the k tokens of plan.items[i]. Returns KV slots in use after each step."""
+        `tokens[i]` are the k tokens of plan.items[i]. `schedule_s[j-1]`: when step j's schedule()
+        would have run (j = 1 .. k-1; default end_s[j-1], stepping without overlap): the last of
+        them that tried admission touched the prefixes its matches walked, and this replays it.
+        Returns KV slots in use after each step."""
         k = len(end_s)
+        tried = self._run_match_steps[self._run_match_steps < k]
+        self._run_match_steps = np.empty(0, dtype=np.int64)
+        if tried.size:                               # before any finish changes the tree
+            times = end_s[:-1] if schedule_s is None else schedule_s
+            self._replay_admission_matches(times[int(tried[-1]) - 1])
         used_after_first = self.kv.used_tokens()
         page = self.kv.page_size
         new_slots_per_step = [0] * k

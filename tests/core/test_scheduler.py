@@ -147,3 +147,58 @@ def test_disabled_cache_never_hits():
     done, _ = run_to_completion(sched, [spec("a", shared + [1], 3), spec("b", shared + [2], 3, arrival_s=0.01)])
     assert all(r.num_cached_tokens == 0 for r in done)
     assert sched.kv.allocator.num_free_slots == 5000
+
+
+def _blocked_queue_scheduler():
+    """A request decoding and a waiting one whose cached prefix it matches but which does not fit."""
+    from runtime.core.policy.lpm import LPMPolicy
+    from tests.core.harness import fake_tokens
+    sched = make_scheduler(capacity=700, chunked_prefill_size=0, policy=LPMPolicy())
+    prefix = list(range(100))
+    sched.add(Request.from_spec(spec("p", prefix + [1], 1)), 0.0)
+    plan = sched.schedule(0.0)
+    sched.commit(plan, fake_tokens(plan), 0.01)               # p ends; its prefix stays cached
+    sched.pop_finished()
+    sched.add(Request.from_spec(spec("run", range(1000, 1200), 300)), 0.01)
+    plan = sched.schedule(0.01)
+    sched.commit(plan, fake_tokens(plan), 0.02)
+    sched.add(Request.from_spec(spec("w", prefix + list(range(2000, 2250)), 100)), 0.02)
+    return sched, prefix
+
+
+def test_a_decode_run_replays_the_touches_of_its_admission_attempts():
+    """Each schedule() of a decode run tries to admit the waiting request, matching (touching)
+    its cached prefix (SGLang's _match_prefix_helper); a coalesced run leaves the same access
+    time as stepping: that of its last schedule()."""
+    stepped, prefix = _blocked_queue_scheduler()
+    ff, _ = _blocked_queue_scheduler()
+    plan = ff.schedule(0.02)
+    k = ff.decode_run_bound(plan, 8, 0.02)
+    assert plan.mode is ForwardMode.DECODE and k >= 3
+    ends = [0.02 + 0.01 * (j + 1) for j in range(k)]
+    ff.commit_decode_run(plan, ends, [[5] * k for _ in plan.items])
+    from tests.core.harness import fake_tokens
+    now = 0.02
+    for _ in range(k):
+        plan = stepped.schedule(now)
+        now += 0.01
+        stepped.commit(plan, fake_tokens(plan), now)
+    touched = [s.kv.cache.match_prefix(prefix).node.last_access_s for s in (stepped, ff)]
+    assert touched[0] == pytest.approx(0.02 + 0.01 * (k - 1)) and touched[1] == pytest.approx(touched[0])
+
+
+def test_a_chunked_prefill_counts_one_lfu_hit_not_one_per_chunk():
+    """SGLang: intermediate chunks call cache_unfinished_req(chunked=True), which skips
+    _inc_hit_count; the last chunk's insert and the finished request's insert count."""
+    from runtime.core.cache.eviction.lfu import LFUEviction
+    from tests.core.harness import fake_tokens
+    sched = make_scheduler(capacity=2000, chunked_prefill_size=100, eviction=LFUEviction())
+    tokens = list(range(250))
+    sched.add(Request.from_spec(spec("r", tokens, 3)), 0.0)
+    now, hits = 0.0, []
+    while sched.has_work():
+        plan = sched.schedule(now)
+        now += 0.01
+        sched.commit(plan, fake_tokens(plan), now)
+        hits.append(sched.kv.cache.match_prefix(tokens[:100]).node.hit_count)
+    assert hits[:3] == [0, 0, 1] and hits[-1] == 2     # two unfinished chunks, the last, the finish
