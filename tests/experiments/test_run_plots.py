@@ -58,3 +58,10 @@ def test_dp_replicas_some_idle_still_give_figures(tmp_path, capsys):
     assert "warning" not in capsys.readouterr().err
     for name in PNGS:
         assert (tmp_path / name).read_bytes().startswith(PNG_MAGIC)
+
+
+def test_object_columns_are_drawn_as_numbers(tmp_path, capsys):
+    summary = run_sim(compose_config(SMALL), out_dir=tmp_path)
+    requests, steps = pd.read_parquet(tmp_path / "requests.parquet"), pd.read_parquet(tmp_path / "steps.parquet")
+    assert len(plot_run(tmp_path, requests.astype(object), steps.astype(object), summary)) == 4
+    assert "warning" not in capsys.readouterr().err
