@@ -72,5 +72,7 @@ LAYOUT_PRESETS = sorted(p.stem for p in (CONF_DIR / "experiment" / "layout").glo
 def test_every_layout_preset_builds_for_deepseek_v3(preset):
     cfg = compose_config(["+experiment=layout_study", f"+experiment/layout={preset}"])
     layout = build_core(cfg).layout
-    assert 8 <= layout.num_gpus <= 64
-    assert preset.startswith(f"dp{layout.dp}_") or (layout.dp == 1 and f"tp{layout.tp}" in preset)
+    assert 8 <= layout.num_gpus <= 64 and layout.num_gpus % 8 == 0
+    assert f"tp{layout.tp}" in preset and (f"ep{layout.ep}" in preset) == (layout.ep > 1)
+    assert (f"dpattn{layout.dp}" in preset) == layout.dp_attention
+    assert preset.startswith(f"dp{layout.dp}_") == (layout.dp > 1 and not layout.dp_attention)
