@@ -28,10 +28,11 @@ def runtime_graph_limits(cfg: DictConfig) -> dict:
 def run_sim(cfg: DictConfig, out_dir: str | Path | None = None) -> dict:
     """Simulate `cfg.workload` and write requests.parquet, steps.parquet, summary.json into
     `out_dir` (default: the Hydra run directory). Returns the summary."""
+    if int(cfg.dp) > 1 or cfg.get("dp_attention", False):
+        from sim.dp_app import run_sim_dp          # replicas behind the router (imports this module)
+        return run_sim_dp(cfg, out_dir)
     wall_start = time.perf_counter()
     core = build_core(cfg)
-    if core.layout.dp != 1:
-        raise ValueError("dp > 1 needs the DP router, which is not built yet; use dp=1")
     cost_model = instantiate(cfg.costmodel)(model=core.model, hardware=core.hardware, layout=core.layout,
                                             **runtime_graph_limits(cfg))
     executor = SimExecutor(cost_model, vocab_size=core.model.vocab_size)

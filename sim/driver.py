@@ -2,11 +2,13 @@
 predicted duration, commit, record. The only simulator code that knows which clock runs.
 
 Ties: arrivals at time t are added before the step that starts at t (fixed order, deterministic).
+One engine process serves one replica; where its requests come from is an ArrivalSource (the
+workload itself here, the DP router's share of it in sim/dp_driver.py).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 import simpy
@@ -24,6 +26,49 @@ class SimOutcome:
     requests: list[Request]     # every request, finished or aborted
     steps: StepLog
     sim_time_s: float
+
+
+class ArrivalSource(Protocol):
+    """Requests reaching one engine process. `arrived(now)`: those that arrived by `now`, not
+    handed out before, in arrival order; `next_arrival_s()`: a lower bound on the next arrival
+    (None: none will come), which ends coalesced decode runs; `more_to_come()`; `wait(env)`: an
+    event to sleep on while idle; `finished(requests)`: the engine reports requests that ended."""
+
+    def arrived(self, now: float) -> list[RequestSpec]: ...
+
+    def next_arrival_s(self) -> float | None: ...
+
+    def more_to_come(self) -> bool: ...
+
+    def wait(self, env: simpy.Environment) -> simpy.Event: ...
+
+    def finished(self, requests: list[Request]) -> None: ...
+
+
+class SpecQueue:
+    """The ArrivalSource of a single replica: the workload's requests in arrival order."""
+
+    def __init__(self, specs: Sequence[RequestSpec], on_finish: Callable[[int], object] | None = None) -> None:
+        self.specs, self.next_idx, self.on_finish = list(specs), 0, on_finish
+
+    def arrived(self, now: float) -> list[RequestSpec]:
+        specs, start = self.specs, self.next_idx
+        while self.next_idx < len(specs) and specs[self.next_idx].arrival_s <= now:
+            self.next_idx += 1
+        return specs[start:self.next_idx]
+
+    def next_arrival_s(self) -> float | None:
+        return self.specs[self.next_idx].arrival_s if self.next_idx < len(self.specs) else None
+
+    def more_to_come(self) -> bool:
+        return self.next_idx < len(self.specs)
+
+    def wait(self, env: simpy.Environment) -> simpy.Event:
+        return env.timeout(self.specs[self.next_idx].arrival_s - env.now)
+
+    def finished(self, requests: list[Request]) -> None:
+        if self.on_finish is not None:
+            self.on_finish(len(requests))
 
 
 @dataclass
@@ -64,35 +109,39 @@ class SimDriver:
         if self.record_plans:
             steps.plan_signatures = []
         done: list[Request] = []
-        engine = self._engine_overlap if self.overlap else self._engine
-        env.process(engine(env, list(specs), steps, done))
+        bar = tqdm(total=len(specs), desc="simulating", unit="req", disable=not self.progress, mininterval=0.5)
+        env.process(self.engine(env, SpecQueue(specs, on_finish=bar.update), steps, done))
         env.run()
+        bar.close()
         unfinished = [r for r in self.scheduler.waiting + self.scheduler.running if not r.is_finished]
         if unfinished or self.scheduler.chunked is not None:
             raise RuntimeError(f"simulation ended with {len(unfinished)} unfinished requests")
         return SimOutcome(done, steps, env.now)
 
-    def _engine(self, env: simpy.Environment, specs: list[RequestSpec], steps: StepLog, done: list[Request]):
+    def engine(self, env: simpy.Environment, source: ArrivalSource, steps: StepLog, done: list[Request]):
+        """The SimPy process of this replica: requests from `source`, steps into `steps`, ended
+        requests into `done` (and reported to `source`)."""
+        engine = self._engine_overlap if self.overlap else self._engine
+        return engine(env, source, steps, done)
+
+    def _engine(self, env: simpy.Environment, source: ArrivalSource, steps: StepLog, done: list[Request]):
         sched = self.scheduler
-        next_idx = 0
-        bar = tqdm(total=len(specs), desc="simulating", unit="req", disable=not self.progress, mininterval=0.5)
         while True:
-            while next_idx < len(specs) and specs[next_idx].arrival_s <= env.now:
-                sched.add(Request.from_spec(specs[next_idx]), env.now)
-                next_idx += 1
+            for spec in source.arrived(env.now):
+                sched.add(Request.from_spec(spec), env.now)
             plan = sched.schedule(env.now)
             finished = sched.pop_finished()
             if plan is None:
                 done.extend(finished)
-                bar.update(len(finished))
-                if next_idx >= len(specs):
+                source.finished(finished)
+                if not source.more_to_come():
                     if sched.has_work():
                         raise RuntimeError("scheduler stalled: work left but no step planned")
                     break
-                yield env.timeout(specs[next_idx].arrival_s - env.now)
+                yield source.wait(env)
                 continue
             start = env.now
-            next_arrival = specs[next_idx].arrival_s if next_idx < len(specs) else None
+            next_arrival = source.next_arrival_s()
             num_steps = 1
             if self.fast_forward and plan.mode is ForwardMode.DECODE:
                 num_steps = sched.decode_run_bound(plan, self.max_run_steps, env.now)
@@ -105,8 +154,7 @@ class SimDriver:
                 steps.record(plan, start, env.now, sched.kv.used_tokens(), len(sched.waiting), len(sched.running))
             finished += sched.pop_finished()
             done.extend(finished)
-            bar.update(len(finished))
-        bar.close()
+            source.finished(finished)
 
     def _decode_run(self, env: simpy.Environment, plan, num_steps: int, next_arrival: float | None, steps: StepLog):
         durations = self.executor.decode_durations_s(plan, num_steps)
@@ -120,15 +168,13 @@ class SimDriver:
         steps.record_decode_run(plan, starts, ends, used, len(self.scheduler.waiting), len(self.scheduler.running))
 
     # -- overlap scheduling -------------------------------------------------------------------
-    def _engine_overlap(self, env: simpy.Environment, specs: list[RequestSpec], steps: StepLog,
+    def _engine_overlap(self, env: simpy.Environment, source: ArrivalSource, steps: StepLog,
                         done: list[Request]):
         """The real driver's overlap loop under simulated time: schedule(n+1) and its launch, then
         wait for step n and resolve it, then advance(n+1). Step n+1 starts on the GPU once step n
         ended and its own host work (started when it was scheduled) is done."""
         sched = self.scheduler
-        next_idx = 0
         last: _InFlight | None = None
-        bar = tqdm(total=len(specs), desc="simulating", unit="req", disable=not self.progress, mininterval=0.5)
 
         def finish_last():
             nonlocal last
@@ -145,27 +191,26 @@ class SimDriver:
                 last = None
 
         while True:
-            while next_idx < len(specs) and specs[next_idx].arrival_s <= env.now:
-                sched.add(Request.from_spec(specs[next_idx]), env.now)
-                next_idx += 1
+            for spec in source.arrived(env.now):
+                sched.add(Request.from_spec(spec), env.now)
             t = env.now
             plan = sched.schedule(t)
             if plan is None:
                 if last is not None:
                     yield from finish_last()
-                elif next_idx >= len(specs):
+                elif not source.more_to_come():
                     if sched.has_work():
                         raise RuntimeError("scheduler stalled: work left but no step planned")
                     break
                 else:
-                    yield env.timeout(specs[next_idx].arrival_s - env.now)
+                    yield source.wait(env)
             else:
                 prev_end = last.end_s if last is not None else t
                 num_steps = 1
                 if self.fast_forward and plan.mode is ForwardMode.DECODE and not plan.retracted_rids:
                     num_steps = sched.decode_run_bound(plan, self.max_run_steps, t) - 1
                 if num_steps >= 2:
-                    next_arrival = specs[next_idx].arrival_s if next_idx < len(specs) else None
+                    next_arrival = source.next_arrival_s()
                     run = self._overlap_run_times(plan, num_steps, t, prev_end, next_arrival)
                 if num_steps >= 2 and run is not None:
                     starts, ends, resume_s = run
@@ -186,8 +231,7 @@ class SimDriver:
                     last = launched
             finished = sched.pop_finished()
             done.extend(finished)
-            bar.update(len(finished))
-        bar.close()
+            source.finished(finished)
 
     def _overlap_run_times(self, plan: StepPlan, num_steps: int, sched_s: float, prev_end_s: float,
                            next_arrival: float | None):

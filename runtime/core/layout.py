@@ -68,10 +68,9 @@ class ParallelLayout:
             raise LayoutError(f"tp={self.tp} {problem} of {model.name}; valid tp: {valid}")
         if self.ep > 1:
             self._validate_ep(model)
-        if model.num_layers % self.pp:
-            valid = ", ".join(map(str, _divisors(model.num_layers)))
-            raise LayoutError(f"pp={self.pp} does not divide num_layers={model.num_layers} of "
-                              f"{model.name}; valid pp: {valid}")
+        if self.pp > model.num_layers:
+            raise LayoutError(f"pp={self.pp} exceeds num_layers={model.num_layers} of {model.name} "
+                              f"(a pipeline stage needs a layer); valid pp: 1 to {model.num_layers}")
         if self.dp_attention:
             self._validate_dp_attention(model)
 
@@ -138,7 +137,7 @@ def kv_capacity_tokens(model: ModelSpec, hardware: HardwareSpec, layout: Paralle
         raise LayoutError(f"mem_fraction_static must be in (0, 1], got {mem_fraction_static}")
     budget_bytes = hardware.memory_bytes * mem_fraction_static - activation_reserve_bytes
     weight_bytes = weight_bytes_per_gpu(model, layout)
-    layers_per_gpu = model.num_layers // layout.pp
+    layers_per_gpu = -(-model.num_layers // layout.pp)     # the fullest stage (SGLang splits unevenly)
     kv_layer_bytes = model.kv_bytes_per_token_per_layer(kv_dtype_bytes, layout.attention_tp)
     kv_per_token_bytes = kv_layer_bytes * layers_per_gpu
     tokens = int((budget_bytes - weight_bytes) // kv_per_token_bytes)

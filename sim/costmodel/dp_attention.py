@@ -42,29 +42,34 @@ class DPAttentionCostModel:
              EP MoE (ep > 1): no gather -- each rank dispatches its own tokens: two all-to-alls
                over ep GPUs of T_max x k x H (dispatch and combine, DeepEP style);
          + the slowest rank's launch and scheduler time.
-    A step replays CUDA graphs when every rank decodes (or idles) at most cuda_graph_max_bs.
+    Collectives are priced as replayed from a CUDA graph when every rank decodes (or idles) within
+    the cost model's graph limit, else eagerly. `make_cost_model(model=, hardware=, layout=)` is
+    the configured cost model (a roofline partial); `collectives` default to its own.
     """
 
     def __init__(self, make_cost_model: Callable[..., object], model: ModelSpec,
-                 hardware: HardwareSpec, layout: ParallelLayout, collectives: CollectiveCost,
-                 cuda_graph: bool = True, cuda_graph_max_bs: int = 256, act_dtype_bytes: int = 2) -> None:
+                 hardware: HardwareSpec, layout: ParallelLayout,
+                 collectives: CollectiveCost | None = None, act_dtype_bytes: int = 2) -> None:
         if not layout.dp_attention:
             raise ValueError("DPAttentionCostModel needs a layout with dp_attention=True")
         layout.validate(model)
-        self.layout, self.model, self.collectives = layout, model, collectives
+        self.layout, self.model = layout, model
         self.attention = make_cost_model(model=model, hardware=hardware,
                                          layout=ParallelLayout(tp=layout.attention_tp, pp=layout.pp))
         self.mlp = make_cost_model(model=model, hardware=hardware,
                                    layout=ParallelLayout(tp=layout.tp, ep=layout.ep, pp=layout.pp))
-        self.cuda_graph, self.cuda_graph_max_bs = cuda_graph, cuda_graph_max_bs
+        self.collectives = collectives if collectives is not None else self.mlp.collectives
+        self.cuda_graph = getattr(self.attention, "cuda_graph", False)
+        self.cuda_graph_max_bs = getattr(self.attention, "cuda_graph_max_bs", None)
         self.act_dtype_bytes = act_dtype_bytes
         moe = set(model.moe_layer_ids)
         self.num_moe_layers = len(moe)
         self.num_dense_layers = model.num_layers - len(moe)
 
     def uses_graph(self, shapes: Sequence[StepShape]) -> bool:
-        return (self.cuda_graph and all(not s.extend_new_tokens for s in shapes)
-                and 0 < max(s.num_decode_reqs for s in shapes) <= self.cuda_graph_max_bs)
+        busiest = max(s.num_decode_reqs for s in shapes)
+        return (self.cuda_graph and all(not s.extend_new_tokens for s in shapes) and busiest > 0
+                and (self.cuda_graph_max_bs is None or busiest <= self.cuda_graph_max_bs))
 
     def step_time_s(self, shapes: Sequence[StepShape]) -> float:
         return sum(self.breakdown_s(shapes).values())

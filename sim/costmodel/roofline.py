@@ -14,6 +14,7 @@ from runtime.core.hardware import HardwareSpec
 from runtime.core.layout import ParallelLayout
 from runtime.core.model_spec import ModelSpec
 from sim.costmodel.base import StepShape
+from sim.costmodel.collective_table import build_collectives
 from sim.costmodel.roofline_ops import GPU_OPS, FixedTerms, LayerCoefficients, price_fixed_terms
 
 # Breakdown keys, in summation order: GPU work, then `launch` (host launch time the GPU does
@@ -26,8 +27,13 @@ class RooflineCostModel:
 
     Efficiencies scale the hardware's (measured) peaks: `mfu` and `mbu` for dense GEMMs
     (projections, MLPs, lm_head), `attention_mfu`/`attention_mbu` for attention kernels,
-    `moe_efficiency` multiplies both for the fused-MoE grouped GEMMs, `comm_efficiency` for
-    NVLink collectives, which also pay `comm_latency_s` each.
+    `moe_efficiency` multiplies both for the fused-MoE grouped GEMMs.
+
+    Collectives (`self.collectives`, sim/costmodel/collectives.py): the measured table of this
+    hardware when one exists (`collective_table`: "auto", a CSV path, or None), else alpha-beta:
+    bus bandwidth NVLink * `comm_efficiency` inside a node, `inter_node_bandwidth_bytes_per_s`
+    past it; latency `comm_graph_latency_s` inside a CUDA graph, `comm_eager_latency_s` outside,
+    plus `comm_per_rank_latency_s` per extra rank and `inter_node_latency_s` past one node.
 
     Launch: a decode-only step of at most `cuda_graph_max_bs` (None: any number of) requests replays a CUDA graph
     (`hardware.cuda_graph_launch_s`, when `cuda_graph`); any other step launches every kernel
@@ -42,7 +48,10 @@ class RooflineCostModel:
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, layout: ParallelLayout,
                  mfu: float = 0.75, mbu: float = 0.85, attention_mfu: float = 0.55,
                  attention_mbu: float = 0.7, moe_efficiency: float = 0.7,
-                 comm_efficiency: float = 0.7, comm_latency_s: float = 10e-6,
+                 comm_efficiency: float = 0.7, comm_graph_latency_s: float = 8e-6,
+                 comm_eager_latency_s: float = 15e-6, comm_per_rank_latency_s: float = 0.5e-6,
+                 inter_node_bandwidth_bytes_per_s: float = 45e9, inter_node_latency_s: float = 15e-6,
+                 collective_table: str | None = "auto",
                  cuda_graph: bool = True, cuda_graph_max_bs: int | None = None,
                  kernels_per_layer: int | None = None, kernel_floor_s: float = 1.5e-6,
                  eager_kernel_gap_s: float = 1.0e-6,
@@ -59,10 +68,14 @@ class RooflineCostModel:
         self.model, self.hardware, self.layout = model, hardware, layout
         self.cuda_graph, self.cuda_graph_max_bs = cuda_graph, cuda_graph_max_bs
         self.cpu_overhead_s, self.cpu_overhead_per_seq_s = cpu_overhead_s, cpu_overhead_per_seq_s
+        self.collectives = build_collectives(
+            hardware, comm_efficiency=comm_efficiency, graph_latency_s=comm_graph_latency_s,
+            eager_latency_s=comm_eager_latency_s, per_rank_latency_s=comm_per_rank_latency_s,
+            inter_node_bandwidth_bytes_per_s=inter_node_bandwidth_bytes_per_s,
+            inter_node_latency_s=inter_node_latency_s, table=collective_table)
         self.coef = LayerCoefficients.build(
             model, hardware, layout, mfu=mfu, mbu=mbu, attention_mfu=attention_mfu,
             attention_mbu=attention_mbu, moe_efficiency=moe_efficiency,
-            comm_efficiency=comm_efficiency, comm_latency_s=comm_latency_s,
             kernels_per_layer=kernels_per_layer, kernel_floor_s=kernel_floor_s,
             eager_kernel_gap_s=eager_kernel_gap_s,
             sampler_base_s=sampler_base_s, sampler_per_seq_s=sampler_per_seq_s,
@@ -100,7 +113,8 @@ class RooflineCostModel:
                      num_decode: int) -> FixedTerms:
         use_graph = (self.cuda_graph and not extend_new and 0 < num_decode
                      and (self.cuda_graph_max_bs is None or num_decode <= self.cuda_graph_max_bs))
-        terms = price_fixed_terms(self.coef, extend_new, extend_prefix, num_decode, use_graph)
+        terms = price_fixed_terms(self.coef, extend_new, extend_prefix, num_decode, use_graph,
+                                  self.collectives)
         num_seqs = len(extend_new) + num_decode
         terms.cpu_s = self.cpu_overhead_s + self.cpu_overhead_per_seq_s * num_seqs
         return terms

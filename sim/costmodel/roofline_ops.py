@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from runtime.core.hardware import HardwareSpec
 from runtime.core.layout import ParallelLayout
 from runtime.core.model_spec import ModelSpec
+from sim.costmodel.collectives import CollectiveCost
 
 STEP_KERNELS = 5   # embedding, final norm, lm_head, two sampler kernels
 # GPU operators of a step, in summation order (decode attention is priced by the model).
@@ -50,8 +51,6 @@ class LayerCoefficients:
     moe_bytes_per_s: float
     attn_flops_per_s: float
     attn_bytes_per_s: float
-    comm_bytes_per_s: float
-    comm_latency_s: float
     # attention (per layer, per GPU)
     attn_proj_params: float
     attn_proj_bytes: float
@@ -93,7 +92,7 @@ class LayerCoefficients:
     @classmethod
     def build(cls, model: ModelSpec, hw: HardwareSpec, layout: ParallelLayout, *, mfu: float,
               mbu: float, attention_mfu: float, attention_mbu: float, moe_efficiency: float,
-              comm_efficiency: float, comm_latency_s: float, kernels_per_layer: int | None,
+              kernels_per_layer: int | None,
               kernel_floor_s: float, eager_kernel_gap_s: float, sampler_base_s: float,
               sampler_per_seq_s: float,
               elementwise_passes: int, kv_dtype_bytes: int,
@@ -125,8 +124,6 @@ class LayerCoefficients:
             moe_bytes_per_s=hw.hbm_bandwidth_bytes_per_s * mbu * moe_efficiency,
             attn_flops_per_s=hw.peak_flops(small_dtype) * attention_mfu,
             attn_bytes_per_s=hw.hbm_bandwidth_bytes_per_s * attention_mbu,
-            comm_bytes_per_s=hw.nvlink_bandwidth_bytes_per_s * comm_efficiency,
-            comm_latency_s=comm_latency_s,
             attn_proj_params=any_p["attention"], attn_proj_bytes=any_b["attention"],
             attn_proj_act_bytes_per_token=(2 * H + 2 * heads * attn["width"]) * ab,
             is_mla=model.is_mla, kv_bytes_per_token_layer=kv_layer, **attn["per_pair"],
@@ -206,9 +203,10 @@ class FixedTerms:
 
 def price_fixed_terms(c: LayerCoefficients, extend_new: tuple[int, ...],
                       extend_prefix: tuple[int, ...], num_decode: int,
-                      use_graph: bool) -> FixedTerms:
+                      use_graph: bool, collectives: CollectiveCost) -> FixedTerms:
     """All GPU operator times of a step except decode attention (set to 0 here). Without a
-    CUDA graph every kernel also waits `eager_kernel_gap_s` for its launch to reach the GPU."""
+    CUDA graph every kernel also waits `eager_kernel_gap_s` for its launch to reach the GPU,
+    and every collective pays its eager latency."""
     t_ext = sum(extend_new)
     T, S = t_ext + num_decode, len(extend_new) + num_decode
     gpu = dict.fromkeys(GPU_OPS, 0.0)
@@ -239,7 +237,7 @@ def price_fixed_terms(c: LayerCoefficients, extend_new: tuple[int, ...],
     elementwise_bytes = L * (T * c.elementwise_bytes_per_token_layer + c.norm_bytes_per_layer)
     gpu["elementwise"] = (elementwise_bytes + T * H * ab) / c.gemm_bytes_per_s   # + embedding
     gpu["sampler"] = c.sampler_base_s + c.sampler_per_seq_s * S
-    _price_communication(c, gpu, T)
+    _price_communication(c, gpu, T, collectives, use_graph)
     gap_s = c.kernel_floor_s + (0.0 if use_graph else c.eager_kernel_gap_s)
     gpu["kernel_floor"] = c.num_kernels * gap_s
     return FixedTerms(gpu, sum(gpu[op] for op in GPU_OPS), T, use_graph)
@@ -260,19 +258,19 @@ def _extend_attention_s(c: LayerCoefficients, extend_new: tuple[int, ...],
     return _roof(flops, bytes_, c.attn_flops_per_s, c.attn_bytes_per_s)
 
 
-def _price_communication(c: LayerCoefficients, gpu: dict[str, float], T: int) -> None:
-    """TP ring all-reduce after attention and after each MLP (each GPU sends and receives
-    2 (tp-1)/tp of the T x H activations). With ep > 1 a MoE layer instead does an all-to-all
-    dispatch and combine, DeepEP style: each EP rank sends its own T/ep tokens' k copies, the
-    (ep-1)/ep of them that live elsewhere. pp > 1 sends T x H between consecutive stages."""
+def _price_communication(c: LayerCoefficients, gpu: dict[str, float], T: int,
+                         collectives: CollectiveCost, graph: bool) -> None:
+    """TP all-reduce of the T x H activations after attention and after each MLP, over tp GPUs.
+    With ep > 1 a MoE layer instead does an all-to-all dispatch and combine over ep GPUs,
+    DeepEP style: each EP rank sends its own T/ep tokens' k copies (the (ep-1)/ep of them that
+    live elsewhere cross the links). pp > 1 sends T x H between consecutive stages."""
     H, ab = c.hidden_size, c.act_dtype_bytes
+    cost = collectives.time_s
     if c.tp > 1:
-        per = 2 * (c.tp - 1) / c.tp * T * H * ab / c.comm_bytes_per_s + c.comm_latency_s
         count = c.num_layers + c.num_dense_layers + (c.num_moe_layers if c.ep == 1 else 0)
-        gpu["tp_allreduce"] = count * per
+        gpu["tp_allreduce"] = count * cost("all_reduce", T * H * ab, c.tp, graph)
     if c.ep > 1 and c.num_moe_layers:
-        sent_bytes = T / c.ep * c.top_k * H * ab * (c.ep - 1) / c.ep
-        per = sent_bytes / c.comm_bytes_per_s + c.comm_latency_s
-        gpu["ep_alltoall"] = c.num_moe_layers * 2 * per
+        per_rank_bytes = T / c.ep * c.top_k * H * ab
+        gpu["ep_alltoall"] = c.num_moe_layers * 2 * cost("all_to_all", per_rank_bytes, c.ep, graph)
     if c.pp > 1:
-        gpu["pp_send"] = (c.pp - 1) * (T * H * ab / c.comm_bytes_per_s + c.comm_latency_s)
+        gpu["pp_send"] = (c.pp - 1) * cost("send_recv", T * H * ab, 2, graph)

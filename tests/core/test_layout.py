@@ -73,8 +73,9 @@ def test_ep_rules() -> None:
 
 def test_pp_and_degree_rules() -> None:
     v2 = load("model", "deepseek_v2_lite")
-    with pytest.raises(ValueError, match=r"pp=2 does not divide num_layers=27.*pp: 1, 3, 9, 27"):
-        ParallelLayout(pp=2).validate(v2)
+    ParallelLayout(pp=2).validate(v2)                # 27 layers: stages of 14 and 13, as SGLang splits
+    with pytest.raises(ValueError, match=r"pp=28 exceeds num_layers=27.*valid pp: 1 to 27"):
+        ParallelLayout(pp=28).validate(v2)
     with pytest.raises(ValueError, match="dp must be >= 1"):
         ParallelLayout(dp=0).validate(v2)
 
@@ -123,7 +124,7 @@ def test_mem_fraction_bounds(h200: HardwareSpec) -> None:
 
 def test_layout_errors_are_one_line_layout_errors() -> None:
     v2 = load("model", "deepseek_v2_lite")
-    for bad in (ParallelLayout(tp=3), ParallelLayout(tp=4, ep=3), ParallelLayout(pp=2),
+    for bad in (ParallelLayout(tp=3), ParallelLayout(tp=4, ep=3), ParallelLayout(pp=28),
                 ParallelLayout(tp=8, dp=3, dp_attention=True)):
         with pytest.raises(LayoutError) as err:
             bad.validate(v2)

@@ -1,0 +1,108 @@
+"""mode=sim with dp > 1 (and DP attention): every request finishes once on one replica, each
+replica runs one step at a time, routers behave as routed, fast-forward stays exact, dp=1 is
+untouched, and layouts up to 64 GPUs simulate."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from experiments.compose import compose_config
+from sim.app import run_sim
+
+QUIET = ["progress=false", "print_summary=false"]
+GROUPS = ["workload.num_groups=4", "workload.prompts_per_group=6", "workload.system_prompt_len=512",
+          "workload.output_len=32", "workload.request_rate=20"]
+POISSON = ["workload=random", "workload.num_requests=40", "workload.request_rate=40",
+           "workload.input_len=256", "workload.output_len=48"]
+
+
+def simulate(tmp_path: Path, name: str, overrides: list[str]) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
+    out = tmp_path / name
+    summary = run_sim(compose_config(QUIET + overrides), out_dir=out)
+    return summary, pd.read_parquet(out / "requests.parquet"), pd.read_parquet(out / "steps.parquet")
+
+
+def check_no_request_lost(summary: dict, requests: pd.DataFrame, steps: pd.DataFrame, num: int, dp: int) -> None:
+    assert summary["num_requests"] == summary["num_finished"] == num and summary["num_aborted"] == 0
+    assert requests["rid"].is_unique and len(requests) == num
+    assert (requests["finish_reason"] == "length").all()
+    assert set(requests["replica"]) <= set(range(dp)) and set(steps["replica"]) <= set(range(dp))
+    assert sum(summary["dp"]["requests_per_replica"]) == num
+    for replica, own in steps.groupby("replica"):
+        own = own.sort_values("start_s")
+        assert (own["start_s"].to_numpy()[1:] >= own["end_s"].to_numpy()[:-1] - 1e-12).all(), replica
+        assert own["step_id"].is_unique
+
+
+@pytest.mark.parametrize("router", ["round_robin", "shortest_queue", "cache_aware"])
+@pytest.mark.parametrize("workload", ["groups", "poisson"])
+def test_dp2_finishes_every_request_once(tmp_path, router, workload) -> None:
+    overrides = (GROUPS if workload == "groups" else POISSON) + ["dp=2", f"router={router}"]
+    summary, requests, steps = simulate(tmp_path, router, overrides)
+    check_no_request_lost(summary, requests, steps, 24 if workload == "groups" else 40, dp=2)
+    assert summary["dp"]["router"].lower().startswith(router.split("_")[0])
+
+
+def test_round_robin_alternates_in_arrival_order(tmp_path) -> None:
+    _, requests, _ = simulate(tmp_path, "rr", POISSON + ["dp=3", "router=round_robin"])
+    assert requests["replica"].tolist() == [i % 3 for i in range(40)]
+
+
+def test_cache_aware_keeps_groups_together_and_hits_more(tmp_path) -> None:
+    rr, rr_req, _ = simulate(tmp_path, "rr", GROUPS + ["dp=2", "router=round_robin"])
+    ca, ca_req, _ = simulate(tmp_path, "ca", GROUPS + ["dp=2", "router=cache_aware"])
+    group = ca_req["rid"].str.extract(r"-g(\d+)-")[0]
+    assert (ca_req.groupby(group)["replica"].nunique() == 1).all()      # one replica per system prompt
+    assert (rr_req.groupby(group)["replica"].nunique() == 2).any()
+    assert ca["cache_hit_rate"] > rr["cache_hit_rate"] + 0.05
+
+
+def test_shortest_queue_fills_the_replica_that_drained(tmp_path) -> None:
+    """Long and short requests alternate: round robin piles every long one on replica 0,
+    shortest queue follows the finishes and spreads the output tokens more evenly."""
+    overrides = ["workload=random", "workload.num_requests=60", "workload.request_rate=30",
+                 "workload.input_len=128", "workload.output_len=256", "workload.range_ratio=0.05", "dp=2"]
+    rr, rr_req, _ = simulate(tmp_path, "rr", overrides + ["router=round_robin"])
+    sq, sq_req, _ = simulate(tmp_path, "sq", overrides + ["router=shortest_queue"])
+    spread = lambda req: abs(req.groupby("replica")["output_tokens"].sum().diff().iloc[-1])   # noqa: E731
+    assert spread(sq_req) <= spread(rr_req)
+    assert sq_req["replica"].tolist() != [i % 2 for i in range(60)]
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_fast_forward_is_exact_with_replicas(tmp_path, overlap) -> None:
+    overrides = POISSON + ["dp=2", "router=shortest_queue", f"overlap={overlap}"]
+    _, req_on, steps_on = simulate(tmp_path, "on", overrides + ["sim.fast_forward=true"])
+    _, req_off, steps_off = simulate(tmp_path, "off", overrides + ["sim.fast_forward=false"])
+    pd.testing.assert_frame_equal(steps_on.drop(columns=["start_s", "end_s"]), steps_off.drop(columns=["start_s", "end_s"]))
+    pd.testing.assert_series_equal(steps_on["end_s"], steps_off["end_s"], rtol=1e-9)
+    pd.testing.assert_frame_equal(req_on.drop(columns=["token_times_s"]), req_off.drop(columns=["token_times_s"]), rtol=1e-9)
+
+
+def test_dp1_records_have_no_replica_column(tmp_path) -> None:
+    summary, requests, steps = simulate(tmp_path, "one", GROUPS)
+    assert "replica" not in requests.columns and "replica" not in steps.columns and "dp" not in summary
+
+
+def test_dp_attention_ranks_step_in_lockstep(tmp_path) -> None:
+    overrides = POISSON + ["model=deepseek_v3", "tp=8", "dp=8", "ep=8", "dp_attention=true", "router=round_robin"]
+    summary, requests, steps = simulate(tmp_path, "dpa", overrides)
+    check_no_request_lost(summary, requests, steps, 40, dp=8)
+    assert summary["dp"]["num_gpus"] == 8 and summary["dp"]["dp_attention"]
+    ends_by_start = steps.groupby("start_s")["end_s"].nunique()
+    assert (ends_by_start == 1).all()                 # ranks that step together end together
+    assert steps.groupby("start_s")["replica"].nunique().max() > 1
+
+
+@pytest.mark.parametrize("layout", [
+    ["model=deepseek_v3", "tp=8", "dp=8"],                          # 64 GPUs, 8 replicas
+    ["model=deepseek_v3", "tp=16", "ep=16", "dp=4"],                # 64 GPUs, TP/EP across 2 nodes
+    ["model=deepseek_v3", "tp=64", "ep=64"],                        # 64 GPUs, one replica
+    ["model=deepseek_v3", "tp=32", "pp=2", "dp_attention=true", "dp=32"],   # 64 GPUs, DP attention
+    ["model=llama3_8b", "dp=64", "router=cache_aware"],             # 64 one-GPU replicas
+])
+def test_layouts_up_to_64_gpus_simulate(tmp_path, layout) -> None:
+    summary, requests, _ = simulate(tmp_path, "big", POISSON + layout)
+    assert summary["num_finished"] == 40
