@@ -74,6 +74,7 @@ class FlashInferMLA:
         self._active = self._wrapper
         self._latent_dim = 0
         self._rope_dim = 0
+        self._planned: torch.cuda.Event | None = None   # recorded after the last plan()
 
     def _graph_wrapper(self, batch_size: int):
         """The graph-mode wrapper bound to the first batch_size entries of the fixed buffers."""
@@ -111,6 +112,10 @@ class FlashInferMLA:
         kv_lens = kv_lens.to(torch.int32)
         kv_indices = kv_indices.to(device=self.device, dtype=torch.int32)
         batch_size = qo_indptr.numel() - 1
+        if self._planned is not None:
+            # plan() stages its schedule in a pinned host buffer copied asynchronously: with overlap
+            # scheduling the previous step's copy may still be queued, so let it land first
+            self._planned.synchronize()
         if self.use_cuda_graph:
             assert kv_indices.numel() <= self._kv_indices_buf.numel(), "kv_indices exceed max_kv_tokens"
             self._active = self._graph_wrapper(batch_size)
@@ -118,6 +123,8 @@ class FlashInferMLA:
             qo_indptr, kv_indptr, kv_indices, kv_lens,
             num_heads, kv_lora_rank, rope_dim, _PAGE_SIZE, causal, sm_scale, q_dtype, kv_dtype,
         )
+        self._planned = torch.cuda.Event()
+        self._planned.record()
         self._latent_dim, self._rope_dim = kv_lora_rank, rope_dim
 
     def run(

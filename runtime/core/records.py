@@ -13,6 +13,7 @@ from runtime.core.request import Request
 STEP_COLUMNS = (
     "step_id", "start_s", "end_s", "mode", "batch_size", "num_prefill_tokens", "num_decode_requests",
     "num_cache_hit_tokens", "kv_tokens_used", "num_retractions", "num_waiting", "num_running",
+    "extend_prefix_tokens", "decode_context_tokens",
 )
 
 
@@ -42,6 +43,8 @@ class StepLog:
         c["num_retractions"].append(len(plan.retracted_rids))
         c["num_waiting"].append(num_waiting)
         c["num_running"].append(num_running)
+        c["extend_prefix_tokens"].append(sum(it.num_prefix_tokens for it in plan.items if not it.is_decode))
+        c["decode_context_tokens"].append(sum(it.num_prefix_tokens + 1 for it in plan.items if it.is_decode))
         if self.plan_signatures is not None:
             self.plan_signatures.append(plan.signature())
 
@@ -65,6 +68,10 @@ class StepLog:
         c["num_retractions"].extend([len(plan.retracted_rids) if step_offset == 0 else 0] + [0] * (k - 1))
         c["num_waiting"].extend([num_waiting] * k)
         c["num_running"].extend([plan.batch_size] * (k - 1) + [num_running])   # finishes end a run
+        c["extend_prefix_tokens"].extend([0] * k)
+        context0 = sum(it.num_prefix_tokens + 1 for it in plan.items)
+        n = len(plan.items)
+        c["decode_context_tokens"].extend(range(context0 + n * step_offset, context0 + n * (step_offset + k), n))
         if self.plan_signatures is not None:
             for j in range(step_offset, step_offset + k):
                 self.plan_signatures.append(tuple((it.request.rid, it.num_prefix_tokens + j, 1) for it in plan.items))

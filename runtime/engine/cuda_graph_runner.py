@@ -118,12 +118,8 @@ class CudaGraphRunner:
         self.batch_sizes = sorted(set(batch_sizes))
         max_bs = self.batch_sizes[-1]
         self.inputs = DecodeGraphInputs(max_bs, max_kv_tokens, dummy_slot, device)
-        flashinfer = None
-        if kernel == "flashinfer":
-            from kernels.mla_attention.flashinfer_mla import FlashInferMLA
-            flashinfer = FlashInferMLA(device, use_cuda_graph=True, max_batch_size=max_bs,
-                                       max_kv_tokens=max_kv_tokens)
-        self.backend = FastMLABackend(shape, kernel, device, auto_plan=False, flashinfer=flashinfer)
+        from runtime.engine.gqa_backend import make_graph_backend   # MLA or GQA, as the model is
+        self.backend = make_graph_backend(model, shape.dtype, device, max_bs, max_kv_tokens, kernel)
         self.logits = torch.zeros(max_bs, model.config.vocab_size, dtype=torch.float32, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._batches: dict[int, ForwardBatch] = {}

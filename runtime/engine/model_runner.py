@@ -55,7 +55,7 @@ class ModelRunner:
                                                  fast.fused_small_ops)
         use_graphs = fast is not None and fast.enabled and fast.cuda_graph and self.attn_backend is not None
         if fast is not None and fast.cuda_graph and self.device.type == "cuda" and not use_graphs:
-            warnings.warn("cuda_graph needs the fast path on an MLA model; decode runs eagerly")
+            warnings.warn("cuda_graph needs the fast path; decode runs eagerly")
         # graphs: one extra slot past the core's capacity, where padding rows write
         self.pool = create_kv_pool(config, num_kv_slots + (1 if use_graphs else 0), self.dtype, self.device)
         self.sampler = Sampler(device=self.device, seed=seed)
@@ -74,7 +74,7 @@ class ModelRunner:
         sizes = list(fast.cuda_graph_batch_sizes or capture_batch_sizes(fast.cuda_graph_max_bs))
         # KV tokens one replay may attend: shared radix prefixes can make it exceed the pool size
         max_kv_tokens = 2 * num_kv_slots + max(sizes)
-        return CudaGraphRunner(self.model, self.pool, mla_shape(self.model, self.dtype), self.attn_backend.kernel,
+        return CudaGraphRunner(self.model, self.pool, self.attn_backend.shape, self.attn_backend.kernel,
                                sizes, dummy_slot=num_kv_slots, max_kv_tokens=max_kv_tokens, device=self.device,
                                progress=fast.progress)
 
