@@ -49,7 +49,16 @@ def kv_capacity_from_config(cfg: DictConfig, model: ModelSpec, hardware: Hardwar
 
 
 def scheduler_config(cfg: DictConfig) -> SchedulerConfig:
-    return SchedulerConfig(**OmegaConf.to_container(cfg.scheduler, resolve=True))
+    """`cfg.scheduler`; with dp_attention each attention rank's, adjusted as SGLang's server args
+    do for --enable-dp-attention: chunked_prefill_size // dp and schedule_conservativeness x 0.3
+    (which scales the reserved new-token ratio)."""
+    config = SchedulerConfig(**OmegaConf.to_container(cfg.scheduler, resolve=True))
+    dp = int(cfg.dp)
+    if not cfg.get("dp_attention", False) or dp == 1:
+        return config
+    chunk = config.chunked_prefill_size
+    return replace(config, chunked_prefill_size=max(1, chunk // dp) if chunk > 0 else chunk,
+                   init_new_token_ratio=min(1.0, config.init_new_token_ratio * 0.3))
 
 
 def build_scheduler(cfg: DictConfig, model: ModelSpec, capacity_tokens: int) -> Scheduler:

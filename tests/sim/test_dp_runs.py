@@ -106,3 +106,13 @@ def test_dp_attention_ranks_step_in_lockstep(tmp_path) -> None:
 def test_layouts_up_to_64_gpus_simulate(tmp_path, layout) -> None:
     summary, requests, _ = simulate(tmp_path, "big", POISSON + layout)
     assert summary["num_finished"] == 40
+
+
+def test_replica_cores_are_independent_and_dp_attention_adjusts_their_config() -> None:
+    from runtime.build import build_replica_cores
+    cores = build_replica_cores(compose_config(["dp=3"]))
+    assert len({id(c.scheduler) for c in cores}) == 3 and len({id(c.scheduler.kv) for c in cores}) == 3
+    assert cores[0].scheduler.config.chunked_prefill_size == 8192
+    ranks = build_replica_cores(compose_config(["model=deepseek_v3", "tp=8", "dp=4", "dp_attention=true"]))
+    config = ranks[0].scheduler.config       # SGLang: chunked_prefill_size // dp, conservativeness x 0.3
+    assert config.chunked_prefill_size == 2048 and config.init_new_token_ratio == pytest.approx(0.21)
