@@ -59,6 +59,7 @@ def main() -> None:
         "requests_per_wall_s": round(len(outcome.requests) / sim_wall_s, 1),
         "repeats": len(runs),
         "fast_forward": bool(cfg.sim.fast_forward),
+        "overlap": bool(cfg.overlap),
         "gc_paused": not args.gc,
         "overrides": " ".join(args.overrides),
         "machine": f"{platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}",
@@ -87,7 +88,7 @@ def simulate_once(cfg, specs, pause_gc: bool):
     cost_model = instantiate(cfg.costmodel)(model=core.model, hardware=core.hardware, layout=core.layout)
     driver = SimDriver(core.scheduler, SimExecutor(cost_model, core.model.vocab_size),
                        fast_forward=bool(cfg.sim.fast_forward), max_run_steps=int(cfg.sim.max_run_steps),
-                       progress=False)
+                       progress=False, overlap=bool(cfg.overlap))
     wall, cpu = time.perf_counter(), time.process_time()
     with gc_paused() if pause_gc else contextlib.nullcontext():
         outcome = driver.run(specs)

@@ -16,7 +16,7 @@ class ForwardMode(str, enum.Enum):
     MIXED = "mixed"     # prefill chunks and decodes in one batch (mixed-chunk mode)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class ScheduledItem:
     """One request's share of a step: `num_new_tokens` tokens at positions
     [num_prefix_tokens, num_prefix_tokens + num_new_tokens), written to `new_slots`.

@@ -34,6 +34,7 @@ class Scheduler:
         self.max_context_tokens = max_context_tokens
         self.waiting: list[Request] = []          # sorted by arrival
         self.running: list[Request] = []          # decoding
+        self.reserved_running_tokens = 0         # sum of _reservation(r) over running (kept as it changes)
         self.chunked: Request | None = None       # admitted, prefill not finished
         self.new_token_ratio = config.init_new_token_ratio
         self.step_id = 0
@@ -90,7 +91,8 @@ class Scheduler:
             return None
         mixed = self.config.enable_mixed_chunk and bool(self.running)
         budget = PrefillBudget(self.config, self.kv, self.running, self.new_token_ratio,
-                               num_mixed_decodes=len(self.running) if mixed else 0)
+                               num_mixed_decodes=len(self.running) if mixed else 0,
+                               reserved_running_tokens=self.reserved_running_tokens)
         admitted: list[tuple[Request, int]] = []
         num_cache_hit_tokens = 0
         if self.chunked is not None:
@@ -192,6 +194,8 @@ class Scheduler:
 
     # -- memory pressure -----------------------------------------------------------------
     def _decode_pages(self, reqs: list[Request]) -> int:
+        if self.kv.page_size == 1:
+            return len(reqs)
         return sum(self.kv.pages_needed(r, 1) for r in reqs)
 
     def _make_room_for_decode(self, now: float) -> list[str]:
@@ -216,7 +220,7 @@ class Scheduler:
                 self._end(req, FinishReason.TOO_LONG, now)
             victims = []
         gone = set(retracted)
-        self.running = [r for r in self.running if r not in gone and not r.is_finished]
+        self._keep_running(lambda r: r not in gone and not r.is_finished)
         if self.running:
             decoded = sum(len(r.output_ids) for r in self.running)
             budget = sum(r.sampling.max_new_tokens for r in self.running)
@@ -239,6 +243,7 @@ class Scheduler:
             victim = victims.pop()
             self._retract(victim, now)
             self.running.remove(victim)
+            self.reserved_running_tokens -= self._reservation(victim)
             budget.forget_running(victim)
             preempted = True
             if need_slot or budget.fits(req, 0):
@@ -267,27 +272,37 @@ class Scheduler:
         (its token there is dropped): SGLang's overlap scheduler behaves the same way.
         Items whose request ended (or was retracted) since they were scheduled are skipped."""
         placeholders = iter(placeholder_ids) if placeholder_ids is not None else None
+        clip = self.config.clip_max_new_tokens
+        waiting, decoding = RequestStatus.WAITING, RequestStatus.DECODING
         for item in plan.items:
             req = item.request
             token = next(placeholders) if placeholders is not None and item.samples else -1
-            if req.status is RequestStatus.WAITING or req.is_finished:
+            status = req.status
+            if status is not decoding and (status is waiting or req.is_finished):
                 item.dropped = True               # ended or retracted after it was scheduled
                 continue
             req.num_computed_tokens += item.num_new_tokens
             if not item.samples:
                 self.kv.cache_unfinished(req, now, chunked=True)   # no LFU hit for an unfinished chunk
                 continue
-            req.output_ids.append(token)
-            if not item.is_decode:
+            outputs = req.output_ids
+            if item.is_decode:
+                if req.sampling.max_new_tokens - len(outputs) <= clip:
+                    self.reserved_running_tokens -= 1        # its reservation shrinks by this token
+                outputs.append(token)
+            else:
+                outputs.append(token)
                 self.kv.cache_unfinished(req, now)
-                req.status = RequestStatus.DECODING
+                req.status = decoding
                 self.running.append(req)
+                self.reserved_running_tokens += self._reservation(req)
         self.step_id += 1
 
     def resolve(self, plan: StepPlan, result: StepResult, now: float) -> None:
         """The step's sampled tokens arrived at `now`: replace the placeholders, stamp token times,
         end requests that reached a stop token or max_new_tokens (releasing their KV)."""
         tokens = iter(result.next_token_ids)
+        ended_states = (RequestStatus.FINISHED, RequestStatus.ABORTED)
         num_ended = 0
         for item in plan.items:
             if not item.samples:
@@ -296,14 +311,15 @@ class Scheduler:
             if item.dropped:
                 continue
             req = item.request
+            outputs = req.output_ids
             index = item.num_prefix_tokens + item.num_new_tokens - len(req.input_ids)   # its output index
-            if index >= len(req.output_ids):      # retracted and re-admitted: the token was recomputed
+            if index >= len(outputs):             # retracted and re-admitted: the token was recomputed
                 continue
-            req.output_ids[index] = token
+            outputs[index] = token
             req.token_times_s.append(now)
             if req.first_token_s is None:
                 req.first_token_s = now
-            if req.is_finished:
+            if req.status in ended_states:
                 continue
             reason = req.finishes_with(token, num_outputs=index + 1)
             if reason is not None:
@@ -313,7 +329,7 @@ class Scheduler:
                     self.waiting.remove(req)
                 num_ended += 1
         if num_ended:
-            self.running = [r for r in self.running if not r.is_finished]
+            self._keep_running(lambda r: not r.is_finished)
 
     # -- decode runs (the simulator's fast-forward) ----------------------------------------------
     def decode_run_bound(self, plan: StepPlan, max_steps: int, now: float) -> int:
@@ -328,9 +344,12 @@ class Scheduler:
             return 1
         k = max_steps
         for req in self.running:
-            if req.sampling.stop_token_ids and not req.sampling.ignore_eos:
+            sampling = req.sampling
+            if sampling.stop_token_ids and not sampling.ignore_eos:
                 return 1
-            k = min(k, req.max_new_tokens_left)
+            left = sampling.max_new_tokens - len(req.output_ids)
+            if left < k:
+                k = left
         if k <= 1:
             return 1
         free_pages = self.kv.allocator.num_free_slots // self.kv.page_size
@@ -419,8 +438,11 @@ class Scheduler:
         new_slots_per_step = [0] * k
         if k > 1 and page == 1:                      # one allocator call for the whole run
             self.kv.allocate_many([it.request for it in plan.items], k - 1, end_s[0])
+        clip = self.config.clip_max_new_tokens
         for item, toks in zip(plan.items, tokens):
             req = item.request
+            left = req.sampling.max_new_tokens - len(req.output_ids)
+            self.reserved_running_tokens -= min(left, clip) - min(left - k, clip)
             if k > 1 and page > 1:
                 pos0 = len(req.kv_slots)              # position of step 2's token
                 for j in range(1, k):
@@ -444,7 +466,7 @@ class Scheduler:
                 total += new_slots_per_step[j]
                 used.append(total)
         used[-1] = self.kv.used_tokens()          # after the last step's finishes released KV
-        self.running = [r for r in self.running if not r.is_finished]
+        self._keep_running(lambda r: not r.is_finished)
         for _ in range(k - 1):                       # sequentially, to round exactly as stepping does
             self.new_token_ratio = max(self.new_token_ratio - self.config.new_token_ratio_decay,
                                        self.config.min_new_token_ratio)
@@ -452,6 +474,21 @@ class Scheduler:
         return used
 
     # -- helpers ------------------------------------------------------------------------------
+    def _reservation(self, req: Request) -> int:
+        """Decode tokens a running request may still write, as admission counts them (SGLang's
+        PrefillAdder._get_running_request_total_token_offset before the ratio)."""
+        return min(req.sampling.max_new_tokens - len(req.output_ids), self.config.clip_max_new_tokens)
+
+    def _keep_running(self, keep) -> None:
+        """Drop the running requests `keep` rejects, with their reservations."""
+        kept = []
+        for req in self.running:
+            if keep(req):
+                kept.append(req)
+            else:
+                self.reserved_running_tokens -= self._reservation(req)
+        self.running = kept
+
     def _num_active(self, admitted: list[tuple[Request, int]]) -> int:
         """Requests holding (or about to hold) KV: running, chunked and admitted this step."""
         extra = sum(1 for r, _ in admitted if r is not self.chunked)
@@ -477,4 +514,4 @@ class Scheduler:
             for req in [r for r in queue if r.rid in rids]:
                 self._end(req, FinishReason.ABORT, now)
         self.waiting = [r for r in self.waiting if not r.is_finished]
-        self.running = [r for r in self.running if not r.is_finished]
+        self._keep_running(lambda r: not r.is_finished)

@@ -60,6 +60,9 @@ def check_invariants(sched: Scheduler) -> None:
     for req in sched.running:
         assert req.status is RequestStatus.DECODING
         assert req.num_computed_tokens == req.num_fill_tokens - 1
+    clip = sched.config.clip_max_new_tokens
+    assert sched.reserved_running_tokens == sum(
+        min(r.sampling.max_new_tokens - len(r.output_ids), clip) for r in sched.running)
     ids = [id(r) for r in sched.waiting + active]
     assert len(ids) == len(set(ids)), "a request is queued twice"
     arrivals = [r.arrival_s for r in sched.waiting]

@@ -177,6 +177,7 @@ def test_a_decode_run_replays_the_touches_of_its_admission_attempts():
     assert plan.mode is ForwardMode.DECODE and k >= 3
     ends = [0.02 + 0.01 * (j + 1) for j in range(k)]
     ff.commit_decode_run(plan, ends, [[5] * k for _ in plan.items])
+    check_invariants(ff)                          # the running reservation sum followed the run
     from tests.core.harness import fake_tokens
     now = 0.02
     for _ in range(k):
