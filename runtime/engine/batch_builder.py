@@ -82,7 +82,10 @@ class ReqToTokenTable:
                 raise ValueError(f"request {req.rid} reaches {end} tokens; the slot table holds "
                                  f"{self.max_context_tokens}")
             entry = self._rows.get(req.rid)
-            if entry is None or entry.request is not req:
+            if entry is not None and entry.request is not req:   # an earlier request with the same id
+                self._free.append(self._rows.pop(req.rid).row)
+                entry = None
+            if entry is None:
                 entry = self._assign(req, plan)
             if entry.kv_version != req.kv_version:
                 entry.kv_version, entry.populated = req.kv_version, 0

@@ -20,6 +20,7 @@ from runtime.models.attention import Attention
 GQA_KERNELS = ("auto", "flashinfer", "triton")
 _FLASHINFER_HEAD_DIMS = (64, 128, 256)   # head dims FlashInfer's prefill/decode kernels are compiled for
 _EAGER_WORKSPACE_BYTES = 512 * 2**20     # the eager wrapper also plans long prefill chunks
+_GRAPH_WORKSPACE_BYTES = 1024 * 2**20    # decode graphs up to max_running_requests sequences
 
 
 @dataclass(frozen=True)
@@ -150,5 +151,8 @@ def make_graph_backend(model: nn.Module, dtype: torch.dtype, device: torch.devic
     flashinfer = None
     if chosen == "flashinfer":
         from kernels.gqa_attention.flashinfer_gqa import FlashInferGQA
-        flashinfer = FlashInferGQA(device, use_cuda_graph=True, max_batch_size=max_bs, max_kv_tokens=max_kv_tokens)
+        # split-KV decode of up to max_bs sequences stages partial outputs in the workspace (Llama-3-8B at
+        # batch 1024 needs ~335 MiB), so graph mode gets a larger one than FlashInfer's 128 MiB default
+        flashinfer = FlashInferGQA(device, workspace_bytes=_GRAPH_WORKSPACE_BYTES, use_cuda_graph=True,
+                                   max_batch_size=max_bs, max_kv_tokens=max_kv_tokens)
     return FastGQABackend(shape, chosen, device, auto_plan=False, flashinfer=flashinfer)

@@ -111,3 +111,17 @@ def test_triton_kv_indices_kernel_on_gpu():
     k = int(indptr[-1])
     indptr = indptr.cuda()
     assert torch.equal(kv_indices_triton(table, rows, indptr, k, int(lens.max())), kv_indices_torch(table, rows, indptr, k))
+
+
+def test_rows_are_reused_when_an_id_comes_back():
+    """A new request with an earlier request's id (a second run through the same runner) takes over
+    a row without leaking the old one."""
+    builder = BatchBuilder(2, 16, torch.device("cpu"), FutureTokens(8, torch.device("cpu")))
+    for generation in range(5):
+        reqs = [Request(f"r{i}", [1, 2], SamplingParams(max_new_tokens=2), 0.0) for i in range(2)]
+        items = []
+        for i, req in enumerate(reqs):
+            req.kv_slots = [10 * i + generation, 10 * i + generation + 1]
+            items.append(ScheduledItem(req, 0, 2, list(req.kv_slots), False, True))
+        fb = builder.build(StepPlan(generation, ForwardMode.EXTEND, items))
+        assert fb.kv_indices.tolist() == reqs[0].kv_slots + reqs[1].kv_slots
