@@ -80,6 +80,8 @@ def write_records(requests, steps, out_dir: str | Path, wall_time_s: float, plot
 
     req_frame, step_frame = requests_frame(list(requests)), steps_frame(steps if steps is not None else StepLog())
     summary = summarize(req_frame, step_frame, mode="serve", wall_time_s=wall_time_s)
+    if steps is None:                                  # the driver's step log is complete only at shutdown
+        summary.update(num_steps=None, num_retractions=None)
     out = write_run(out_dir, req_frame, step_frame, summary, plots=plots)
     return out, summary
 
