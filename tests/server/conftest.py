@@ -1,4 +1,4 @@
-"""One served tiny model shared by the API tests of this package (started once per module that asks)."""
+"""One served tiny model shared by the API tests of this package (started once, on first use)."""
 from __future__ import annotations
 
 import signal
@@ -8,7 +8,7 @@ import pytest
 from tests.server.server_process import ServerProcess, start_server
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def server(tmp_path_factory) -> ServerProcess:
     pytest.importorskip("fastapi")
     pytest.importorskip("torch")
