@@ -257,6 +257,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-concurrency", type=int, default=None, help="at most this many requests in flight")
     parser.add_argument("--num-requests", type=int, default=None, help="only the first N requests of the workload")
     parser.add_argument("--out", default=None, help="output directory (default outputs/bench_serving/<time>)")
+    parser.add_argument("--flush-cache", action="store_true",
+                        help="POST /flush_cache first (a cold radix cache, as a fresh mode=real run has)")
     parser.add_argument("--quiet", action="store_true")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides (workload=..., model=..., ...)")
     args = parser.parse_args(argv)
@@ -277,6 +279,8 @@ def main(argv: list[str] | None = None) -> dict:
     with (launched_server(args.overrides, out_dir / "server_run", free_port()) if args.launch
           else contextlib.nullcontext(args.url.rstrip("/"))) as url:
         model = served_model(url)
+        if args.flush_cache:
+            httpx.post(f"{url}/flush_cache", timeout=60).raise_for_status()
         wall = time.perf_counter()
         outcomes, duration_s = asyncio.run(run_load(url, args.backend, specs, args.max_concurrency, model,
                                                     tokenizer, not args.quiet))

@@ -17,7 +17,7 @@ WORKLOAD = ["model=tiny_mla_moe", "workload=random", "workload.input_len=48", "w
 @pytest.mark.parametrize("backend", bench_serving.BACKENDS)
 def test_bench_against_a_running_server(server, tmp_path, backend):
     summary = bench_serving.main(["--url", server.url, "--backend", backend, "--out", str(tmp_path), "--quiet",
-                                  *WORKLOAD])
+                                  "--flush-cache", *WORKLOAD])
     requests, steps, saved = read_run(tmp_path)
     assert saved["num_errors"] == 0 and summary["num_finished"] == 24 == len(requests)
     assert (requests["finish_reason"] == "length").all()
@@ -26,6 +26,7 @@ def test_bench_against_a_running_server(server, tmp_path, backend):
     assert dict(zip(requests["rid"], requests["output_tokens"])) == expected
     assert all(len(t) == n for t, n in zip(requests["token_times_s"], requests["output_tokens"]))
     assert summary["ttft_s"]["p50"] > 0 and summary["itl_s"]["mean"] is not None
+    assert summary["cache_hit_rate"] < 0.5           # flushed: the earlier backends' runs do not count
     server_requests, _, server_summary = read_run(tmp_path / "server")          # the same requests, server side
     assert sorted(server_requests["rid"]) == sorted(expected) and server_summary["num_finished"] == 24
     if backend == "openai":                                                      # ids prompts: exact lengths
