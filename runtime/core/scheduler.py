@@ -1,6 +1,7 @@
 """The scheduler as a step machine (SGLang's event loop without the loop): `add`, `schedule`,
-`commit`. Continuous batching, chunked prefill, admission against a decaying KV reservation,
-retraction when the KV pool runs out, priority preemption.
+`advance` / `resolve` (or `commit`, both at once), `abort`, `pop_finished`. Continuous batching,
+chunked prefill, admission against a decaying KV reservation (admission.py), retraction when the
+KV pool runs out, priority preemption; coalesced decode runs live in decode_runs.py.
 
 Must not import torch, simpy or time: `now` is always an argument.
 """
@@ -9,11 +10,10 @@ from __future__ import annotations
 import bisect
 import dataclasses
 
-import numpy as np
-
 from runtime.core.admission import PrefillBudget
 from runtime.core.batch import ForwardMode, ScheduledItem, StepPlan, StepResult
 from runtime.core.cache.radix_cache import MatchResult
+from runtime.core.decode_runs import DecodeRuns
 from runtime.core.kv_manager import KVManager
 from runtime.core.policy.base import SchedulePolicy, effective_policy
 from runtime.core.request import FinishReason, Request, RequestStatus
@@ -41,7 +41,7 @@ class Scheduler:
         self.num_retractions = 0
         self._finished: list[Request] = []
         self._abort_rids: set[str] = set()
-        self._run_match_steps: np.ndarray = np.empty(0, dtype=np.int64)   # see decode_run_bound
+        self._decode_runs = DecodeRuns(self)
 
     # -- intake ---------------------------------------------------------------------------
     def add(self, req: Request, now: float) -> None:
@@ -334,144 +334,14 @@ class Scheduler:
     # -- decode runs (the simulator's fast-forward) ----------------------------------------------
     def decode_run_bound(self, plan: StepPlan, max_steps: int, now: float) -> int:
         """How many consecutive decode steps, starting with `plan`, provably make the same
-        decisions as `plan` when nothing arrives: no request can be admitted, none finishes
-        before the last of them, none can hit a stop token, and the KV pool has enough free
-        slots (no eviction, no retraction). Always >= 1."""
-        self._run_match_steps = np.empty(0, dtype=np.int64)
-        if plan.mode is not ForwardMode.DECODE or max_steps <= 1 or self.chunked is not None:
-            return 1
-        if self._abort_rids or self.config.enable_mixed_chunk:
-            return 1
-        k = max_steps
-        for req in self.running:
-            sampling = req.sampling
-            if sampling.stop_token_ids and not sampling.ignore_eos:
-                return 1
-            left = sampling.max_new_tokens - len(req.output_ids)
-            if left < k:
-                k = left
-        if k <= 1:
-            return 1
-        free_pages = self.kv.allocator.num_free_slots // self.kv.page_size
-        if self.waiting:
-            if (self.kv.page_size != 1 or self.policy.preemption_threshold is not None
-                    or not self.policy.stateless_order):
-                return 1                           # the per-step admission attempt cannot be replayed
-            order = self.policy.order(self.waiting, self.kv.match, now)   # as each step's attempt does
-            steps, available, rem_total = self._run_admission_budget(k)
-            if order and len(self.running) < self.config.max_running_requests:
-                k = min(k, self._steps_until_admission(order[0], k, steps, rem_total))
-            # the later schedule() calls of the run that try admission (and so match, touching the
-            # matched prefixes): commit_decode_run replays the last one's touches
-            self._run_match_steps = steps[(rem_total > 0) & (available > 0)]
-        if k <= 1:
-            return 1
-        if self.kv.page_size == 1:
-            return max(1, min(k, free_pages // len(self.running) + 1))
-        lo, hi = 1, k                              # largest k whose pages fit (monotone in k)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self._run_pages(mid) <= free_pages:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
-
-    def _run_admission_budget(self, max_steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The PrefillBudget of each later step j = 1 .. max_steps-1 of a decode run when nothing
-        arrives, replayed exactly (KV use grows, the reservation ratio decays, the running
-        requests' remaining tokens shrink): (steps, free + evictable KV, rem_total_tokens).
-        Pages of one token only; no mixed decodes."""
-        clip = self.config.clip_max_new_tokens
-        steps = np.arange(1, max_steps)                                              # [k-1]
-        left = np.array([r.max_new_tokens_left for r in self.running])               # [n]
-        reserved_tokens = np.minimum(left[None, :] - steps[:, None], clip).sum(axis=1)
-        ratio = np.subtract.accumulate(np.concatenate(([self.new_token_ratio], np.full(max_steps - 2, self.config.new_token_ratio_decay))))
-        ratio = np.maximum(ratio, self.config.min_new_token_ratio)                   # sequential decay, as stepping
-        available = (self.kv.allocator.num_free_slots - len(self.running) * (steps - 1)
-                     + self.kv.cache.evictable_size())
-        return steps, available, available - reserved_tokens * ratio
-
-    def _steps_until_admission(self, first: Request, max_steps: int, steps: np.ndarray,
-                               rem_total: np.ndarray) -> int:
-        """With requests waiting but blocked by memory: the first later step j (1 <= j < max_steps)
-        at whose schedule() the policy's first candidate `first` would fit (PrefillBudget.fits,
-        on that step's `rem_total`). Returns max_steps if none."""
-        match = self.kv.match(first)
-        left = max(first.sampling.max_new_tokens - len(first.output_ids), 0)
-        cost = (first.num_fill_tokens - match.length) + min(left, self.config.clip_max_new_tokens)
-        fits = cost < rem_total - self.kv.newly_protected_tokens(match)
-        hits = np.flatnonzero(fits)
-        return int(steps[hits[0]]) if hits.size else max_steps
-
-    def _replay_admission_matches(self, now: float) -> None:
-        """Touch what a schedule() at `now` that tries admission and admits nothing touches: the
-        policy's matches, then its first candidate's when a running slot is free."""
-        matched: set[Request] = set()
-
-        def match(req: Request) -> MatchResult:
-            matched.add(req)
-            return self.kv.match(req, now)
-        order = self.policy.order(self.waiting, match, now)
-        if order and order[0] not in matched and len(self.running) < self.config.max_running_requests:
-            match(order[0])
-
-    def _run_pages(self, num_steps: int) -> int:
-        """Pages the running requests need for steps 2..num_steps of a decode run."""
-        return sum(self.kv.allocator.num_pages_needed(len(r.kv_slots), num_steps - 1) for r in self.running)
+        decisions as `plan` when nothing arrives (DecodeRuns.bound). Always >= 1."""
+        return self._decode_runs.bound(plan, max_steps, now)
 
     def commit_decode_run(self, plan: StepPlan, end_s: list[float], tokens: list[list[int]],
                           schedule_s: list[float] | None = None) -> list[int]:
-        """Apply k = len(end_s) decode steps of `plan`'s batch at once (k <= decode_run_bound).
-        `tokens[i]` are the k tokens of plan.items[i]. `schedule_s[j-1]`: when step j's schedule()
-        would have run (j = 1 .. k-1; default end_s[j-1], stepping without overlap): the last of
-        them that tried admission touched the prefixes its matches walked, and this replays it.
-        Returns KV slots in use after each step."""
-        k = len(end_s)
-        tried = self._run_match_steps[self._run_match_steps < k]
-        self._run_match_steps = np.empty(0, dtype=np.int64)
-        if tried.size:                               # before any finish changes the tree
-            times = end_s[:-1] if schedule_s is None else schedule_s
-            self._replay_admission_matches(times[int(tried[-1]) - 1])
-        used_after_first = self.kv.used_tokens()
-        page = self.kv.page_size
-        new_slots_per_step = [0] * k
-        if k > 1 and page == 1:                      # one allocator call for the whole run
-            self.kv.allocate_many([it.request for it in plan.items], k - 1, end_s[0])
-        clip = self.config.clip_max_new_tokens
-        for item, toks in zip(plan.items, tokens):
-            req = item.request
-            left = req.sampling.max_new_tokens - len(req.output_ids)
-            self.reserved_running_tokens -= min(left, clip) - min(left - k, clip)
-            if k > 1 and page > 1:
-                pos0 = len(req.kv_slots)              # position of step 2's token
-                for j in range(1, k):
-                    if (pos0 + j - 1) % page == 0:
-                        new_slots_per_step[j] += page
-                self.kv.allocate(req, k - 1, end_s[0])
-            req.num_computed_tokens += k
-            req.output_ids.extend(toks)
-            req.token_times_s.extend(end_s)
-            if req.first_token_s is None:
-                req.first_token_s = end_s[0]
-            reason = req.finishes_with(toks[-1])
-            if reason is not None:
-                self._end(req, reason, end_s[-1])
-        if page == 1:
-            n = len(plan.items)
-            used = [used_after_first + n * j for j in range(k)]
-        else:
-            used, total = [], used_after_first
-            for j in range(k):
-                total += new_slots_per_step[j]
-                used.append(total)
-        used[-1] = self.kv.used_tokens()          # after the last step's finishes released KV
-        self._keep_running(lambda r: not r.is_finished)
-        for _ in range(k - 1):                       # sequentially, to round exactly as stepping does
-            self.new_token_ratio = max(self.new_token_ratio - self.config.new_token_ratio_decay,
-                                       self.config.min_new_token_ratio)
-        self.step_id += k
-        return used
+        """Apply k = len(end_s) decode steps of `plan` at once (DecodeRuns.commit); returns KV
+        slots in use after each step."""
+        return self._decode_runs.commit(plan, end_s, tokens, schedule_s)
 
     # -- helpers ------------------------------------------------------------------------------
     def _reservation(self, req: Request) -> int:
