@@ -10,8 +10,9 @@ from omegaconf import DictConfig
 
 from runtime.build import build_core
 from runtime.driver import RealDriver
-from runtime.metrics import format_summary, summarize
+from runtime.metrics import format_summary, step_prediction_error, summarize
 from runtime.records_io import requests_frame, steps_frame, write_run
+from sim.predictor import build_cost_model, step_predictor
 
 
 def run_real(cfg: DictConfig, out_dir: str | Path | None = None) -> dict:
@@ -26,13 +27,15 @@ def run_real(cfg: DictConfig, out_dir: str | Path | None = None) -> dict:
     runner = build_model_runner(cfg, core)
     device, warmup_s = runner.device, runner.warmup_s
     specs = instantiate(cfg.workload).requests()
+    predict = step_predictor(build_cost_model(cfg, core), overlap=bool(cfg.overlap))
     driver = RealDriver(core.scheduler, runner, as_fast_as_possible=bool(cfg.real.as_fast_as_possible),
-                        progress=bool(cfg.progress), overlap=bool(cfg.overlap))
+                        progress=bool(cfg.progress), overlap=bool(cfg.overlap), predict=predict)
     outcome = driver.run(specs)
     requests, steps = requests_frame(outcome.requests), steps_frame(outcome.steps)
     summary = summarize(requests, steps, mode="real", wall_time_s=time.perf_counter() - wall_start)
     summary.update(kv_capacity_tokens=core.kv_capacity_tokens, load_time_s=runner.load_time_s, warmup_s=warmup_s,
-                   device=str(device), leaked_kv_slots=leaked_slots(core.scheduler))
+                   device=str(device), leaked_kv_slots=leaked_slots(core.scheduler),
+                   step_prediction_error=step_prediction_error(steps))
     write_run(out_dir or cfg.output_dir, requests, steps, summary)
     if cfg.print_summary:
         print(format_summary(summary))

@@ -97,7 +97,9 @@ class RealDriver:
     def __init__(self, scheduler: Scheduler, executor: StepExecutor | Callable[[StepPlan], StepResult],
                  as_fast_as_possible: bool = False, progress: bool = True, record_plans: bool = False,
                  clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] = time.sleep,
-                 overlap: bool = False, idle_poll_s: float | None = None) -> None:
+                 overlap: bool = False, idle_poll_s: float | None = None,
+                 predict: Callable[[StepPlan], float] | None = None) -> None:
+        """`predict(plan)`: the simulator's duration for the step, recorded next to the measured one."""
         self.scheduler = scheduler
         self.executor = executor if hasattr(executor, "launch") else _SyncExecutor(executor, clock)
         self.as_fast_as_possible = as_fast_as_possible
@@ -106,6 +108,7 @@ class RealDriver:
         self.clock, self.sleep = clock, sleep
         self.overlap = overlap
         self.idle_poll_s = idle_poll_s     # online sources: how long one idle wait may block
+        self.predict = predict
 
     def run(self, specs: Sequence[RequestSpec]) -> RealOutcome:
         """Replay workload specs on their arrival times (or all at t=0)."""
@@ -138,7 +141,8 @@ class RealDriver:
                 sched.resolve(plan, result, end)
             else:
                 sched.commit(plan, result, end)
-            steps.record(plan, start, end, sched.kv.used_tokens(), len(sched.waiting), len(sched.running))
+            steps.record(plan, start, end, sched.kv.used_tokens(), len(sched.waiting), len(sched.running),
+                         predicted_s=self.predict(plan) if self.predict is not None else None)
             source.on_tokens([it.request for it in plan.items if it.samples and not it.dropped], end)
             ended(sched.pop_finished(), end)
             return end

@@ -87,3 +87,16 @@ def format_summary(summary: dict) -> str:
         d = summary[key]
         lines.append(f"{key[:-2]:<12}" + "".join(ms(d[k]) for k in ("mean", "p50", "p90", "p99")))
     return "\n".join(lines)
+
+
+def step_prediction_error(steps: pd.DataFrame) -> dict:
+    """|predicted / measured - 1| over the steps that carry a prediction: median, p90, and count."""
+    if "predicted_s" not in steps:
+        return {"median": None, "p90": None, "num_steps": 0}
+    measured = (steps["end_s"] - steps["start_s"]).to_numpy()
+    predicted = steps["predicted_s"].to_numpy(dtype=float)
+    ok = np.isfinite(predicted) & (measured > 0)
+    if not ok.any():
+        return {"median": None, "p90": None, "num_steps": 0}
+    err = np.abs(predicted[ok] / measured[ok] - 1.0)
+    return {"median": float(np.median(err)), "p90": float(np.quantile(err, 0.9)), "num_steps": int(ok.sum())}

@@ -14,15 +14,8 @@ from runtime.build import build_core
 from runtime.metrics import format_summary, summarize
 from runtime.records_io import requests_frame, steps_frame, write_run
 from sim.driver import SimDriver
+from sim.predictor import build_cost_model
 from sim.executor import SimExecutor
-
-
-def runtime_graph_limits(cfg: DictConfig) -> dict:
-    """The runtime's CUDA-graph limit for a cost model that leaves it open (the twin follows
-    `real.cuda_graph_max_bs` unless the cost model sets its own)."""
-    if "cuda_graph_max_bs" in cfg.costmodel and cfg.costmodel.cuda_graph_max_bs is None:
-        return {"cuda_graph_max_bs": cfg.real.get("cuda_graph_max_bs")}
-    return {}
 
 
 def run_sim(cfg: DictConfig, out_dir: str | Path | None = None) -> dict:
@@ -33,8 +26,7 @@ def run_sim(cfg: DictConfig, out_dir: str | Path | None = None) -> dict:
         return run_sim_dp(cfg, out_dir)
     wall_start = time.perf_counter()
     core = build_core(cfg)
-    cost_model = instantiate(cfg.costmodel)(model=core.model, hardware=core.hardware, layout=core.layout,
-                                            **runtime_graph_limits(cfg))
+    cost_model = build_cost_model(cfg, core)
     executor = SimExecutor(cost_model, vocab_size=core.model.vocab_size)
     specs = instantiate(cfg.workload).requests()
     driver = SimDriver(core.scheduler, executor, fast_forward=bool(cfg.sim.fast_forward),

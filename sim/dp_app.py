@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 from runtime.build import CoreComponents, build_replica_cores
 from runtime.metrics import format_summary, summarize
 from runtime.records_io import requests_frame, steps_frame, write_run
-from sim.app import runtime_graph_limits
+from sim.predictor import runtime_graph_limits
 from sim.costmodel.dp_attention import DPAttentionCostModel
 from sim.dp_driver import DPAttentionSimDriver, DPOutcome, DPSimDriver
 from sim.driver import SimDriver

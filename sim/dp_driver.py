@@ -135,7 +135,7 @@ class DPSimDriver:
         env = simpy.Environment()
         bar = tqdm(total=len(specs), desc="simulating", unit="req", disable=not self.progress, mininterval=0.5)
         arrivals = RoutedArrivals(env, specs, self.router, on_finish=bar.update)
-        steps = [StepLog() for _ in self.drivers]
+        steps = [StepLog(predicted_from_duration=True) for _ in self.drivers]
         done: list[list[Request]] = [[] for _ in self.drivers]
         env.process(arrivals.process())
         for r, driver in enumerate(self.drivers):
@@ -162,7 +162,7 @@ class DPAttentionSimDriver:
         env = simpy.Environment()
         bar = tqdm(total=len(specs), desc="simulating", unit="req", disable=not self.progress, mininterval=0.5)
         arrivals = RoutedArrivals(env, specs, self.router, on_finish=bar.update)
-        steps = [StepLog() for _ in self.schedulers]
+        steps = [StepLog(predicted_from_duration=True) for _ in self.schedulers]
         done: list[list[Request]] = [[] for _ in self.schedulers]
         env.process(self._lockstep(env, arrivals, steps, done))
         env.run()

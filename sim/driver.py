@@ -105,7 +105,7 @@ class SimDriver:
 
     def run(self, specs: Sequence[RequestSpec]) -> SimOutcome:
         env = simpy.Environment()
-        steps = StepLog()
+        steps = StepLog(predicted_from_duration=True)
         if self.record_plans:
             steps.plan_signatures = []
         done: list[Request] = []

@@ -13,7 +13,7 @@ from runtime.core.request import Request
 STEP_COLUMNS = (
     "step_id", "start_s", "end_s", "mode", "batch_size", "num_prefill_tokens", "num_decode_requests",
     "num_cache_hit_tokens", "kv_tokens_used", "num_retractions", "num_waiting", "num_running",
-    "extend_prefix_tokens", "decode_context_tokens",
+    "extend_prefix_tokens", "decode_context_tokens", "predicted_s",
 )
 
 
@@ -21,15 +21,18 @@ class StepLog:
     """Column store of steps. `record` takes one executed plan; `record_decode_run` takes k
     consecutive decode steps of one unchanged batch (the simulator's fast-forward)."""
 
-    def __init__(self) -> None:
+    def __init__(self, predicted_from_duration: bool = False) -> None:
+        """`predicted_from_duration`: the simulator's log, where a step's predicted duration is the
+        one it ran for; a real run passes each step's prediction (NaN where none was made)."""
         self.columns: dict[str, list] = {name: [] for name in STEP_COLUMNS}
         self.plan_signatures: list[tuple] | None = None   # set to [] to keep every plan's decisions
+        self.predicted_from_duration = predicted_from_duration
 
     def __len__(self) -> int:
         return len(self.columns["step_id"])
 
     def record(self, plan: StepPlan, start_s: float, end_s: float, kv_tokens_used: int,
-               num_waiting: int, num_running: int) -> None:
+               num_waiting: int, num_running: int, predicted_s: float | None = None) -> None:
         c = self.columns
         c["step_id"].append(plan.step_id)
         c["start_s"].append(start_s)
@@ -45,6 +48,7 @@ class StepLog:
         c["num_running"].append(num_running)
         c["extend_prefix_tokens"].append(sum(it.num_prefix_tokens for it in plan.items if not it.is_decode))
         c["decode_context_tokens"].append(sum(it.num_prefix_tokens + 1 for it in plan.items if it.is_decode))
+        c["predicted_s"].append(self._predicted(start_s, end_s, predicted_s))
         if self.plan_signatures is not None:
             self.plan_signatures.append(plan.signature())
 
@@ -72,9 +76,16 @@ class StepLog:
         context0 = sum(it.num_prefix_tokens + 1 for it in plan.items)
         n = len(plan.items)
         c["decode_context_tokens"].extend(range(context0 + n * step_offset, context0 + n * (step_offset + k), n))
+        c["predicted_s"].extend(self._predicted(a, b, None) for a, b in zip(start_s, end_s))
         if self.plan_signatures is not None:
             for j in range(step_offset, step_offset + k):
                 self.plan_signatures.append(tuple((it.request.rid, it.num_prefix_tokens + j, 1) for it in plan.items))
+
+
+    def _predicted(self, start_s: float, end_s: float, predicted_s: float | None) -> float:
+        if predicted_s is not None:
+            return float(predicted_s)
+        return end_s - start_s if self.predicted_from_duration else float("nan")
 
 
 REQUEST_COLUMNS = (

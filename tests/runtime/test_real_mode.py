@@ -130,3 +130,15 @@ def test_overlap_gives_the_same_greedy_tokens():
         outputs.append({r.rid: r.output_ids for r in done.requests})
         assert leaked_slots(core.scheduler) == 0
     assert outputs[0] == outputs[1]
+
+
+def test_real_runs_record_the_simulators_prediction_per_step(tmp_path):
+    summary = run_real(compose_config(["mode=real"] + TINY), out_dir=tmp_path / "real")
+    steps = pd.read_parquet(tmp_path / "real" / "steps.parquet")
+    assert steps["predicted_s"].notna().all() and (steps["predicted_s"] > 0).all()
+    error = summary["step_prediction_error"]
+    assert error["num_steps"] == len(steps) and 0 <= error["median"] <= error["p90"]
+    sim_steps = run_sim(compose_config(["mode=sim"] + TINY), out_dir=tmp_path / "sim")
+    sim = pd.read_parquet(tmp_path / "sim" / "steps.parquet")
+    assert sim_steps["num_steps"] == len(sim)
+    assert ((sim["end_s"] - sim["start_s"]) - sim["predicted_s"]).abs().max() < 1e-12
