@@ -94,6 +94,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="three short scenarios only")
     parser.add_argument("--only", nargs="*", help="scenario names to run")
     parser.add_argument("--engine", action="store_true", help="also time Engine.generate against the driver")
+    parser.add_argument("--rates", nargs="*", type=float, help="instead of the named scenarios: one replay per "
+                        "request rate of the workload given by --workload")
+    parser.add_argument("--workload", nargs="*", default=[], help="workload overrides for --rates")
     parser.add_argument("overrides", nargs="*", help="config overrides for every scenario (e.g. hardware=cpu)")
     args = parser.parse_args()
     from runtime.engine.build_runner import build_model_runner
@@ -106,6 +109,10 @@ def main() -> None:
     print(f"runner ready in {setup_s:.1f} s (load {runner.load_time_s:.1f} s incl. graph capture, warm-up "
           f"{runner.warmup_s:.1f} s)", flush=True)
     names = args.only or (QUICK if args.quick else list(SCENARIOS))
+    if args.rates:
+        for rate in args.rates:
+            SCENARIOS[f"rate_{rate:g}"] = (list(args.workload) + [f"workload.request_rate={rate}"], True)
+        names = [f"rate_{rate:g}" for rate in args.rates]
     rows, kinds = [], []
     for name in names:
         overrides, overlap = SCENARIOS[name]

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# One device call: `python run.py mode=serve` (DeepSeek-V2-Lite, plain defaults) measured by
+# experiments/bench_serving.py at three request rates, then the same workload replayed by mode=real
+# (one runner, experiments/bench_real_serving.py --rates) for the HTTP-overhead comparison.
+#   bash experiments/gpu_jobs/serve_bench.sh OUT
+set -uo pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl 2>/dev/null || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+OUT=${1:-/tmp/out}; WORK=/tmp/serve_bench; mkdir -p "$OUT" "$WORK"
+W="workload=random workload.input_len=1024 workload.output_len=256 workload.range_ratio=0.5 workload.num_requests=600"
+RATES="16 48 96"
+python run.py mode=serve progress=false hydra.run.dir=$WORK/server > $WORK/serve.log 2>&1 & S=$!
+for _ in $(seq 120); do curl -sf localhost:30000/health >/dev/null && break; sleep 2; done
+for r in $RATES; do
+  python experiments/bench_serving.py --url http://127.0.0.1:30000 --flush-cache --out $WORK/bench/rate_$r $W workload.request_rate=$r 2>&1 | tail -4
+  cp $WORK/bench/rate_$r/summary.json $OUT/serve_rate_$r.json
+done
+kill -INT $S; wait $S
+python experiments/bench_real_serving.py --out $WORK/replay --rates $RATES --workload $W 2>&1 | grep -v "capture decode" | tail -12
+cp $WORK/replay/serving.csv $OUT/replay_serving.csv
+tail -5 $WORK/serve.log
