@@ -1,7 +1,9 @@
-"""MLA attention (absorbed form) over the paged latent KV cache.
+"""MLA attention: the absorbed form over the paged latent KV cache, and the MHA form of prefills.
 
-ref.py             torch references: mla_decode_ref, mla_extend_ref
-triton_decode.py   Triton split-KV decode (also an extend fallback); no flashinfer needed
-flashinfer_mla.py  FlashInferMLA: workspace + BatchMLAPagedAttentionWrapper, plan once per step, run per layer
-bench.py           decode timing vs FlashInfer, torch and SGLang's published numbers (CSV)
+ref.py                      torch references: mla_decode_ref, mla_extend_ref, mla_mha_prefill_ref
+triton_decode.py            Triton split-KV decode (also an extend fallback); no flashinfer needed
+flashinfer_mla.py           FlashInferMLA: workspace + BatchMLAPagedAttentionWrapper, plan once per step, run per layer
+flashinfer_mha_prefill.py   FlashInferMHAPrefill: ragged causal prefill, Dqk 192 / Dv 128 (MHA form), plan once per step
+sdpa_prefill.py             the MHA form without flashinfer: torch SDPA per sequence
+bench.py                    decode timing vs FlashInfer, torch and SGLang's published numbers (CSV)
 """

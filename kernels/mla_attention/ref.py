@@ -1,6 +1,8 @@
-"""Torch reference for MLA attention over the paged latent KV cache (absorbed form, decode and extend).
+"""Torch references for MLA attention: the absorbed form over the paged latent KV cache (decode and extend),
+and the MHA form of a prefill over k/v expanded from the latents.
 
-Legend: B = sequences, N = query heads, C = kv_lora_rank (latent dim), R = rope dim, S = KV slots.
+Legend: B = sequences, N = query heads, C = kv_lora_rank (latent dim), R = rope dim, S = KV slots,
+T = new tokens, K = attended tokens, Dqk = qk_nope + R, Dv = v_head_dim.
 The cache holds one latent "head" per token: kv_cache[s] = [c_kv (C) | k_rope (R)].
 """
 from __future__ import annotations
@@ -60,3 +62,29 @@ def mla_extend_ref(
         probs = torch.softmax(scores * sm_scale, dim=-1)
         out[q_ptr[b]:q_ptr[b + 1]] = torch.einsum("nql,lc->qnc", probs, c_kv)
     return out.to(q_nope.dtype)
+
+
+def mla_mha_prefill_ref(
+    q: torch.Tensor,           # [T, N, Dqk]  new tokens of all sequences (qk_nope | roped q_pe per head)
+    k: torch.Tensor,           # [K, N, Dqk]  every attended token (prefix then new, per sequence)
+    v: torch.Tensor,           # [K, N, Dv]
+    qo_indptr: torch.Tensor,   # [B + 1] int, CSR offsets of each sequence's new tokens in T
+    kv_indptr: torch.Tensor,   # [B + 1] int, CSR offsets of each sequence's tokens in K
+    sm_scale: float,
+) -> torch.Tensor:             # [T, N, Dv]
+    """MLA in MHA form ("prefill as MHA"): k/v expanded from the latents by kv_b_proj. Causal, bottom-right
+    aligned as mla_extend_ref (sequence b's new tokens are the last of its kv_len). float32 math."""
+    out = torch.empty(*q.shape[:2], v.shape[-1], dtype=torch.float32, device=q.device)
+    q_ptr, kv_ptr = qo_indptr.tolist(), kv_indptr.tolist()
+    for b in range(len(q_ptr) - 1):
+        q_len, kv_len = q_ptr[b + 1] - q_ptr[b], kv_ptr[b + 1] - kv_ptr[b]
+        if q_len == 0:
+            continue
+        qb = q[q_ptr[b]:q_ptr[b + 1]].float()                           # [q, N, Dqk]
+        kb, vb = k[kv_ptr[b]:kv_ptr[b + 1]].float(), v[kv_ptr[b]:kv_ptr[b + 1]].float()   # [L, N, *]
+        scores = torch.einsum("qnd,lnd->nql", qb, kb)                    # [N, q, L]
+        query_pos = torch.arange(q_len, device=q.device)[:, None] + (kv_len - q_len)      # [q, 1]
+        visible = torch.arange(kv_len, device=q.device)[None, :] <= query_pos             # [q, L]
+        probs = torch.softmax(scores.masked_fill(~visible, float("-inf")) * sm_scale, dim=-1)
+        out[q_ptr[b]:q_ptr[b + 1]] = torch.einsum("nql,lnd->qnd", probs, vb)
+    return out.to(q.dtype)

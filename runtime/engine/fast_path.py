@@ -1,22 +1,24 @@
-"""The CUDA fast path of the model runner: an MLA attention backend on FlashInfer (Triton fallback; the GQA
+"""The CUDA fast path of the model runner: an MLA attention backend on FlashInfer (Triton / torch SDPA fallback; the GQA
 backend of Llama / Qwen2-MoE is runtime/engine/gqa_backend.py), the
 Triton fused MoE behind `set_experts_fn`, Triton small ops (add + RMSNorm, SiLU-and-mul, rotary) behind
 `CausalLM.small_ops`, and switches back to the torch reference (benchmarks, tests).
 
-Legend: T = new tokens, B = sequences, N = heads, C = kv_lora_rank, R = rope dim, S = KV slots.
+Legend: T = new tokens, B = sequences, N = heads, C = kv_lora_rank, R = rope dim, S = KV slots,
+K = attended tokens, Dqk = qk_nope + R, Dv = v_head_dim.
 CPU never reaches this module's kernels: `enable_fast_path` returns None there and changes nothing.
 Kernel modules are imported lazily, so importing this file needs neither a GPU nor flashinfer.
 """
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from runtime.core.mla_form import mla_attends_as_mha
 from runtime.engine.forward_batch import ForwardBatch
 from runtime.engine.gqa_backend import FastGQABackend, choose_gqa_kernel, gqa_shape
 from runtime.engine.kv_pool import MHAKVPool, MLAKVPool
@@ -53,12 +55,15 @@ class MLAShape:
     rope_dim: int
     sm_scale: float
     dtype: torch.dtype
+    nope_dim: int          # MHA form: q/k head dim nope_dim + rope_dim, v head dim v_dim
+    v_dim: int
 
 
 def mla_shape(model: nn.Module, dtype: torch.dtype) -> MLAShape:
     """Every MLA layer shares heads, ranks and softmax scale; read them from the first."""
     layer = next(m for m in model.modules() if isinstance(m, MLAttention))
-    return MLAShape(layer.num_heads, layer.kv_lora_rank, layer.rope_dim, float(layer.scale), dtype)
+    return MLAShape(layer.num_heads, layer.kv_lora_rank, layer.rope_dim, float(layer.scale), dtype,
+                    layer.nope_dim, layer.v_dim)
 
 
 def choose_mla_kernel(requested: str, shape: MLAShape) -> str:
@@ -79,6 +84,11 @@ def choose_mla_kernel(requested: str, shape: MLAShape) -> str:
     return "flashinfer" if usable else "triton"
 
 
+def never_mha(prefix_lens: Sequence[int], seq_lens: Sequence[int]) -> bool:
+    """An mha_rule keeping every MLA step in absorbed form (benchmarks, tests)."""
+    return False
+
+
 def _cpu_int32(values: list[int]) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.int32)
 
@@ -94,13 +104,17 @@ class FastMLABackend:
     """AttentionBackend for MLA pools on CUDA. `plan_step(fb)` once per step (host work), then every
     layer's `mla()` stores the new latents (one Triton launch) and attends with no host work.
 
-    Decode steps: FlashInfer decode (causal=False) or Triton split-KV decode. Steps with extends:
-    FlashInfer causal extend (bottom-right aligned, matches the reference) or the Triton row kernel.
+    Decode steps: FlashInfer decode (causal=False) or Triton split-KV decode. Steps with extends, absorbed
+    form: FlashInfer causal extend (bottom-right aligned, matches the reference) or the Triton row kernel.
+    Steps `mha_rule` sends to MHA form (runtime.core.mla_form, SGLang's rule; `never_mha` turns it off): the
+    layers call `mla_store()` then `mla_mha()`, a FlashInfer causal ragged prefill (Dqk, Dv) planned once
+    per step (sharing the MLA wrapper's workspace), or torch SDPA per sequence without FlashInfer.
     `auto_plan=True` (eager use) plans lazily when handed a batch it has not planned; the CUDA-graph
     runner uses `auto_plan=False` and plans before each replay itself. `mha()` is the torch reference."""
 
     def __init__(self, shape: MLAShape, kernel: str, device: torch.device, auto_plan: bool = True,
-                 flashinfer=None) -> None:
+                 flashinfer=None,
+                 mha_rule: Callable[[Sequence[int], Sequence[int]], bool] = mla_attends_as_mha) -> None:
         from kernels.mla_attention.triton_decode import mla_decode_triton, mla_extend_triton
         from kernels.small_ops.triton_kv_store import store_mla_kv_triton
 
@@ -111,17 +125,36 @@ class FastMLABackend:
         self.flashinfer = flashinfer
         self._store, self._decode_triton, self._extend_triton = store_mla_kv_triton, mla_decode_triton, mla_extend_triton
         self._triton_cfg = self._triton_config()
+        self.mha_rule = mha_rule              # (prefix_lens, seq_lens) of an extend step -> MHA form?
+        self.mha_prefill = None               # FlashInferMHAPrefill, built at the first MHA-form step
         self._planned: ForwardBatch | None = None
         self._decode = True
+        self._as_mha = False
+        self._mha_indptr: tuple[list[int], list[int]] = ([0], [0])   # (qo, kv) of an MHA-form step
         self._reference = TorchAttentionBackend()
 
     # -- planning (host, once per step) ----------------------------------------------------
     def plan_step(self, fb: ForwardBatch) -> None:
         self._decode = fb.all_decode
-        if self.flashinfer is not None:
-            self.plan_flashinfer(_cpu_int32(_indptr(fb.extend_lens_cpu)), _cpu_int32(_indptr(fb.seq_lens_cpu)),
-                                 fb.kv_indices, _cpu_int32(fb.seq_lens_cpu), causal=not self._decode)
+        self._as_mha = not self._decode and self.mha_rule(fb.prefix_lens_cpu, fb.seq_lens_cpu)
+        qo_indptr, kv_indptr = _indptr(fb.extend_lens_cpu), _indptr(fb.seq_lens_cpu)
+        if self._as_mha:
+            self._plan_mha(qo_indptr, kv_indptr)
+        elif self.flashinfer is not None:
+            self.plan_flashinfer(_cpu_int32(qo_indptr), _cpu_int32(kv_indptr), fb.kv_indices,
+                                 _cpu_int32(fb.seq_lens_cpu), causal=not self._decode)
         self._planned = fb
+
+    def _plan_mha(self, qo_indptr: list[int], kv_indptr: list[int]) -> None:
+        s = self.shape
+        self._mha_indptr = (qo_indptr, kv_indptr)
+        if self.flashinfer is None:
+            return                                                       # SDPA reads the host lists
+        if self.mha_prefill is None:
+            from kernels.mla_attention.flashinfer_mha_prefill import FlashInferMHAPrefill
+            self.mha_prefill = FlashInferMHAPrefill(self.device, workspace=self.flashinfer.workspace)
+        self.mha_prefill.plan(_cpu_int32(qo_indptr), _cpu_int32(kv_indptr), s.num_heads,
+                              s.nope_dim + s.rope_dim, s.v_dim, s.sm_scale, s.dtype)
 
     def plan_flashinfer(self, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
                         kv_lens: torch.Tensor, causal: bool) -> None:
@@ -141,6 +174,8 @@ class FastMLABackend:
             raise ValueError(f"layer {layer} softmax scale {scale} differs from the planned {self.shape.sm_scale}")
         if self.auto_plan and self._planned is not fb:
             self.plan_step(fb)
+        if self._as_mha:
+            raise RuntimeError("step planned in MHA form: its layers call mla_store() and mla_mha()")
         cache = pool.get_kv(layer)                                         # [S, C + R]
         self._store(cache, fb.out_cache_loc, _rows(c_kv), _rows(k_rope))   # row-strided views are fine
         if self.flashinfer is not None:
@@ -150,6 +185,26 @@ class FastMLABackend:
                                        config=self._triton_cfg)
         return self._extend_triton(q_latent, q_rope, cache, fb.qo_indptr, fb.kv_indptr, fb.kv_indices, scale,
                                    causal=True, config=self._triton_cfg)
+
+    def mla_as_mha(self, fb: ForwardBatch) -> bool:
+        if self.auto_plan and self._planned is not fb:
+            self.plan_step(fb)
+        return self._as_mha
+
+    def mla_store(self, layer: int, c_kv: torch.Tensor, k_rope: torch.Tensor, fb: ForwardBatch,
+                  pool: MLAKVPool) -> None:
+        self._store(pool.get_kv(layer), fb.out_cache_loc, _rows(c_kv), _rows(k_rope))
+
+    def mla_mha(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                fb: ForwardBatch, scale: float) -> torch.Tensor:   # [T, N, Dqk], [K, N, Dqk], [K, N, Dv] -> [T, N, Dv]
+        if scale != self.shape.sm_scale:
+            raise ValueError(f"layer {layer} softmax scale {scale} differs from the planned {self.shape.sm_scale}")
+        if not self._as_mha or self._planned is not fb:
+            raise RuntimeError("mla_mha() on a step not planned in MHA form")
+        if self.mha_prefill is not None:
+            return self.mha_prefill.run(q, k, v)
+        from kernels.mla_attention.sdpa_prefill import mha_prefill_sdpa
+        return mha_prefill_sdpa(q, k, v, *self._mha_indptr, scale)
 
     def _triton_config(self):
         """Default tiles, but half-height KV tiles in fp32 (a [32, 512] fp32 tile per stage is 64 KiB

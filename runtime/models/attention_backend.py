@@ -1,8 +1,10 @@
 """Attention over the paged KV pool behind a small interface; the torch reference is the default backend.
 
 Legend: T = new tokens, N = query heads, Hkv = KV heads, D/Dv = key/value head dim, C = kv_lora_rank,
-R = rope dim, S = slots, L = KV length of one sequence. A fast backend (FlashInfer/Triton) implements
-the same two methods and is handed to the model through `ForwardBatch.attn_backend`.
+R = rope dim, S = slots, L = KV length of one sequence, K = KV tokens of the step. A fast backend
+(FlashInfer/Triton) implements the same methods and is handed to the model through `ForwardBatch.attn_backend`.
+MLA layers attend in one of two forms per step, as SGLang does (runtime.core.mla_form): absorbed (`mla`), or
+MHA over k/v expanded from the latents (`mla_store`, then `mla_mha`) when `mla_as_mha(fb)` says so.
 """
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ from typing import Protocol
 
 import torch
 
-from kernels.mla_attention.ref import mla_decode_ref, mla_extend_ref
+from kernels.mla_attention.ref import mla_decode_ref, mla_extend_ref, mla_mha_prefill_ref
+from runtime.core.mla_form import mla_attends_as_mha
 from runtime.engine.forward_batch import ForwardBatch
 from runtime.engine.kv_pool import MHAKVPool, MLAKVPool
 
@@ -27,9 +30,31 @@ class AttentionBackend(Protocol):
         q_latent [T, N, C] (absorbed), q_rope [T, N, R] -> [T, N, C]."""
         ...
 
+    def mla_as_mha(self, fb: ForwardBatch) -> bool:
+        """Whether this step's MLA layers run in MHA form (mla_store + mla_mha) rather than mla()."""
+        ...
+
+    def mla_store(self, layer: int, c_kv: torch.Tensor, k_rope: torch.Tensor, fb: ForwardBatch,
+                  pool: MLAKVPool) -> None:
+        """Write [c_kv | k_rope] ([T, C], [T, R]) at fb.out_cache_loc (MHA form: decode reads them later)."""
+        ...
+
+    def mla_mha(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                fb: ForwardBatch, scale: float) -> torch.Tensor:
+        """MHA form: q [T, N, Dn + R] of the new tokens attends, causally, k [K, N, Dn + R] and v [K, N, Dv]
+        of every KV token of the step (rows in kv_indptr order: each sequence's prefix, then its new
+        tokens) -> [T, N, Dv]."""
+        ...
+
 
 class TorchAttentionBackend:
-    """Loops over sequences; float32 math; any mix of extends (with prefix) and decodes."""
+    """Loops over sequences; float32 math; any mix of extends (with prefix) and decodes.
+    mla_prefill_as_mha=False keeps every MLA step in absorbed form (the two forms agree; tests compare them)."""
+
+    mla_prefill_as_mha: bool = True
+
+    def __init__(self, mla_prefill_as_mha: bool = True) -> None:
+        self.mla_prefill_as_mha = mla_prefill_as_mha
 
     def mha(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             fb: ForwardBatch, pool: MHAKVPool, scale: float) -> torch.Tensor:
@@ -44,6 +69,18 @@ class TorchAttentionBackend:
         if fb.all_decode:  # the kernel contract the fast decode path implements
             return mla_decode_ref(q_latent, q_rope, cache, fb.kv_indptr, fb.kv_indices, scale)
         return mla_extend_ref(q_latent, q_rope, cache, fb.qo_indptr, fb.kv_indptr, fb.kv_indices, scale)
+
+    def mla_as_mha(self, fb: ForwardBatch) -> bool:
+        return (self.mla_prefill_as_mha and not fb.all_decode
+                and mla_attends_as_mha(fb.prefix_lens_cpu, fb.seq_lens_cpu))
+
+    def mla_store(self, layer: int, c_kv: torch.Tensor, k_rope: torch.Tensor, fb: ForwardBatch,
+                  pool: MLAKVPool) -> None:
+        pool.write(layer, fb.out_cache_loc, c_kv, k_rope)
+
+    def mla_mha(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                fb: ForwardBatch, scale: float) -> torch.Tensor:
+        return mla_mha_prefill_ref(q, k, v, fb.qo_indptr, fb.kv_indptr, scale)
 
 
 def _causal_mask(prefix_len: int, num_new: int, device: torch.device) -> torch.Tensor:

@@ -1,8 +1,10 @@
-"""DeepSeek multi-head latent attention over a latent KV pool, in the weight-absorbed form.
+"""DeepSeek multi-head latent attention over a latent KV pool, in the form SGLang picks per step
+(runtime.core.mla_form): weight-absorbed (decode, extends over a short cached prefix) or MHA (prefills).
 
-Legend: T = new tokens, H = hidden, N = heads, Dn = qk_nope_head_dim, R = qk_rope_head_dim,
-Dv = v_head_dim, C = kv_lora_rank, Q = q_lora_rank. The pool keeps one [c_kv | k_pe] per token;
-kv_b_proj [N * (Dn + Dv), C] is split once after loading into W_UK [N, Dn, C] and W_UV [N, Dv, C].
+Legend: T = new tokens, K = attended tokens (prefix + new), H = hidden, N = heads, Dn = qk_nope_head_dim,
+R = qk_rope_head_dim, Dv = v_head_dim, C = kv_lora_rank, Q = q_lora_rank. The pool keeps one [c_kv | k_pe]
+per token in both forms; kv_b_proj [N * (Dn + Dv), C] expands latents in MHA form, and is split once after
+loading into W_UK [N, Dn, C] and W_UV [N, Dv, C] for the absorbed form.
 """
 from __future__ import annotations
 
@@ -22,8 +24,11 @@ _LORA_NORM_EPS = 1e-6   # HF and DeepSeek build q_a/kv_a_layernorm with the defa
 
 
 class MLAttention(nn.Module):
-    """q (direct or through the q LoRA), the shared latent c_kv and rope key k_pe, attention in
-    latent space: score = (q_nope W_UK) . c_kv + q_pe . k_pe; out = (probs @ c_kv) W_UV."""
+    """q (direct or through the q LoRA), the shared latent c_kv and rope key k_pe, then either
+    absorbed: score = (q_nope W_UK) . c_kv + q_pe . k_pe; out = (probs @ c_kv) W_UV, or
+    MHA form: [k_nope | v] = kv_b_proj(c_kv) per head; score = q_nope . k_nope + q_pe . k_pe; out = probs @ v.
+    The two are the same function (tests check it); MHA form costs ~1/3 of the FLOPs per attended pair
+    but expands every attended token, so it pays off for prefills."""
 
     def __init__(self, config: ModelConfig, layer_id: int, dtype: torch.dtype, device: torch.device | str):
         super().__init__()
@@ -71,6 +76,9 @@ class MLAttention(nn.Module):
         c_kv = self.kv_a_layernorm(c_kv)                                  # [T, C]
         q_pe = apply_rotary(q_pe, ctx.cos, ctx.sin, self.interleaved)     # [T, N, R]
         k_pe = apply_rotary(k_pe, ctx.cos, ctx.sin, self.interleaved)     # [T, R]
+        if ctx.backend.mla_as_mha(ctx.fb):
+            heads = self._attend_as_mha(torch.cat([q_nope, q_pe], dim=-1), c_kv, k_pe, ctx)   # [T, N, Dv]
+            return self.o_proj(heads.reshape(x.shape[0], -1))
         q_latent = torch.einsum("tnd,ndc->tnc", q_nope, self.w_uk)        # [T, N, C]
         out = ctx.backend.mla(self.layer_id, q_latent, q_pe, c_kv, k_pe, ctx.fb, ctx.pool, self.scale)
         out = torch.einsum("tnc,nvc->tnv", out, self.w_uv)                # [T, N, Dv]
@@ -85,6 +93,10 @@ class MLAttention(nn.Module):
         latent = self.kv_a_proj_with_mqa(x)                                # [T, C + R]
         c_kv = ops.rmsnorm(latent[:, :c], self.kv_a_layernorm)             # [T, C]
         k_pe = latent[:, c:]                                               # [T, R], rotated in place
+        if ctx.backend.mla_as_mha(ctx.fb):
+            ops.rope(ctx.fb.positions, q[..., self.nope_dim:], k_pe, self.interleaved)   # q rotated in place
+            heads = self._attend_as_mha(q, c_kv, k_pe, ctx)                # [T, N, Dv]
+            return self.o_proj(heads.reshape(num_tokens, -1))
         q_pe = x.new_empty(num_tokens, n, self.rope_dim)                   # [T, N, R]
         ops.rope(ctx.fb.positions, q[..., self.nope_dim:], k_pe, self.interleaved, q_out=q_pe)
         q_latent = x.new_empty(num_tokens, n, c)                           # [T, N, C]
@@ -93,3 +105,17 @@ class MLAttention(nn.Module):
         heads = x.new_empty(num_tokens, n, self.v_dim)                     # [T, N, Dv]
         torch.bmm(out.transpose(0, 1), self.w_uv.transpose(1, 2), out=heads.transpose(0, 1))
         return self.o_proj(heads.view(num_tokens, -1))
+
+    def _attend_as_mha(self, q: torch.Tensor, c_kv: torch.Tensor, k_pe: torch.Tensor,
+                       ctx: "StepContext") -> torch.Tensor:   # [T, N, Dn + R], [T, C], [T, R] -> [T, N, Dv]
+        """Store the new latents (decode reads them), expand every attended token's latent through
+        kv_b_proj -- the new tokens' own, or, when a prefix is attended too, all of them read back from
+        the pool -- and attend causally over per-head k = [k_nope | k_pe] and v."""
+        fb, n, dn = ctx.fb, self.num_heads, self.nope_dim
+        ctx.backend.mla_store(self.layer_id, c_kv, k_pe, fb, ctx.pool)
+        if any(fb.prefix_lens_cpu):
+            latent = ctx.pool.get_kv(self.layer_id)[fb.kv_indices]         # [K, C + R]
+            c_kv, k_pe = latent[:, :self.kv_lora_rank], latent[:, self.kv_lora_rank:]
+        kv = self.kv_b_proj(c_kv).view(c_kv.shape[0], n, dn + self.v_dim)  # [K, N, Dn + Dv]
+        k = torch.cat([kv[..., :dn], k_pe[:, None, :].expand(-1, n, -1)], dim=-1)   # [K, N, Dn + R]
+        return ctx.backend.mla_mha(self.layer_id, q, k, kv[..., dn:], fb, self.scale)   # v: a strided view

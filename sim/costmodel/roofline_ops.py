@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from runtime.core.hardware import HardwareSpec
 from runtime.core.layout import ParallelLayout
+from runtime.core.mla_form import mla_attends_as_mha
 from runtime.core.model_spec import ModelSpec
 from sim.costmodel.collectives import CollectiveCost
 
@@ -62,6 +63,8 @@ class LayerCoefficients:
     prefill_act_bytes_per_token: float
     absorbed_act_bytes_per_token: float
     decode_act_bytes_per_req: float
+    mla_expand_params: float            # kv_b_proj: a prefix attended in MHA form is expanded through it
+    mla_expand_act_bytes_per_token: float
     kv_bytes_per_token_layer: float
     # MLPs (per layer, per GPU)
     dense_mlp_params: float
@@ -157,7 +160,8 @@ def _attention_shapes(model: ModelSpec, tp: int, ab: int, kv_layer: int) -> dict
         act = 2 * h * d * ab + kv_layer                               # q in, o out, KV write
         per_pair = dict(prefill_flops_per_pair=4 * h * d, absorbed_flops_per_pair=4 * h * d,
                         decode_flops_per_ctx=4 * h * d, prefill_act_bytes_per_token=act,
-                        absorbed_act_bytes_per_token=act, decode_act_bytes_per_req=act)
+                        absorbed_act_bytes_per_token=act, decode_act_bytes_per_req=act,
+                        mla_expand_params=0.0, mla_expand_act_bytes_per_token=0.0)
         return {"width": d, "per_pair": per_pair}
     qk, v = model.head_dim, model.v_head_dim
     latent, rank = model.kv_lora_rank + model.qk_rope_head_dim, model.kv_lora_rank
@@ -167,7 +171,10 @@ def _attention_shapes(model: ModelSpec, tp: int, ab: int, kv_layer: int) -> dict
                     decode_flops_per_ctx=2 * h * (latent + rank),
                     prefill_act_bytes_per_token=h * (2 * qk + 2 * v) * ab + kv_layer,
                     absorbed_act_bytes_per_token=absorbed_act,
-                    decode_act_bytes_per_req=absorbed_act)
+                    decode_act_bytes_per_req=absorbed_act,
+                    mla_expand_params=h * (model.qk_nope_head_dim + v) * rank,
+                    # latent gathered from the pool, expanded k and v written, then read by attention
+                    mla_expand_act_bytes_per_token=kv_layer + 2 * h * (qk + v) * ab)
     return {"width": qk + v, "per_pair": per_pair}
 
 
@@ -245,17 +252,26 @@ def price_fixed_terms(c: LayerCoefficients, extend_new: tuple[int, ...],
 
 def _extend_attention_s(c: LayerCoefficients, extend_new: tuple[int, ...],
                         extend_prefix: tuple[int, ...]) -> float:
-    """Causal attention of new tokens over prefix + new, one layer. MLA runs as MHA when no
-    item has a cached prefix, else absorbed over the latent (SGLang decides per batch)."""
+    """Causal attention of new tokens over prefix + new, one layer. MLA runs in the form SGLang picks
+    per batch (runtime.core.mla_form, the rule the runtime runs): MHA when no item has a cached prefix,
+    or when the summed prefix reaches the threshold -- then the prefix latents are expanded through
+    kv_b_proj too -- else absorbed over the latent. (In a mixed-chunk step the runtime also counts the
+    decodes' contexts as prefix; this prices the extends by their own prefixes, decodes as absorbed.)"""
     if not extend_new:
         return 0.0
     pairs = sum(n * (n + 1) / 2 + n * p for n, p in zip(extend_new, extend_prefix))
     kv_tokens = sum(extend_new) + sum(extend_prefix)
-    absorbed = c.is_mla and any(extend_prefix)
-    flops = pairs * (c.absorbed_flops_per_pair if absorbed else c.prefill_flops_per_pair)
-    act = c.absorbed_act_bytes_per_token if absorbed else c.prefill_act_bytes_per_token
+    mha = not c.is_mla or mla_attends_as_mha(extend_prefix, [n + p for n, p in zip(extend_new, extend_prefix)])
+    flops = pairs * (c.prefill_flops_per_pair if mha else c.absorbed_flops_per_pair)
+    act = c.prefill_act_bytes_per_token if mha else c.absorbed_act_bytes_per_token
     bytes_ = kv_tokens * c.kv_bytes_per_token_layer + sum(extend_new) * act
-    return _roof(flops, bytes_, c.attn_flops_per_s, c.attn_bytes_per_s)
+    attention_s = _roof(flops, bytes_, c.attn_flops_per_s, c.attn_bytes_per_s)
+    prefix = sum(extend_prefix)
+    if not (c.is_mla and mha and prefix):
+        return attention_s
+    expand_s = _roof(2 * prefix * c.mla_expand_params, prefix * c.mla_expand_act_bytes_per_token,
+                     c.linear_flops_per_s, c.gemm_bytes_per_s)
+    return attention_s + expand_s
 
 
 def _price_communication(c: LayerCoefficients, gpu: dict[str, float], T: int,

@@ -24,6 +24,10 @@ class CountingBackend(TorchAttentionBackend):
         self.calls.append(f"mla{layer}")
         return super().mla(layer, *args, **kwargs)
 
+    def mla_mha(self, layer, *args, **kwargs):
+        self.calls.append(f"mla_mha{layer}")
+        return super().mla_mha(layer, *args, **kwargs)
+
 
 def test_attention_backend_comes_from_the_forward_batch(pair: Pair) -> None:
     runner, backend = PagedRunner(pair.ours), CountingBackend()
@@ -31,7 +35,7 @@ def test_attention_backend_comes_from_the_forward_batch(pair: Pair) -> None:
     expected = pair.ours(fb, runner.pool)
     fb.attn_backend = backend
     assert torch.equal(pair.ours(fb, runner.pool), expected)
-    kind = "mla" if pair.ours.config.use_mla else "mha"
+    kind = "mla_mha" if pair.ours.config.use_mla else "mha"   # an MLA prefill without a prefix: MHA form
     assert backend.calls == [f"{kind}{i}" for i in range(pair.ours.config.num_hidden_layers)]
 
 
