@@ -67,6 +67,14 @@ class ServerSchema:
 
 
 @dataclass
+class ProfileSchema:
+    grid: str = "quick"                  # mode=profile: smoke (CPU tests) | quick (< 6 min on one H200) | full
+    out_dir: Optional[str] = None        # null = sim/profiles/<hardware>/<model>
+    sections: Optional[str] = None       # comma-separated subset of decode,prefill,mixed,host,ops; null = all
+    resume: bool = True                  # skip grid points already in the tables
+
+
+@dataclass
 class TokenizerSchema:
     path: Optional[str] = None           # a local Hugging Face tokenizer dir; null = built-in byte tokenizer
 
@@ -84,6 +92,7 @@ class RunConfig:
     real: RealSchema = field(default_factory=RealSchema)
     tokenizer: TokenizerSchema = field(default_factory=TokenizerSchema)
     server: ServerSchema = field(default_factory=ServerSchema)
+    profile: ProfileSchema = field(default_factory=ProfileSchema)
     scheduler: Any = field(default_factory=SchedulerSchema)
     cache: CacheSchema = field(default_factory=CacheSchema)
     kv: KVSchema = field(default_factory=KVSchema)
