@@ -1,0 +1,161 @@
+"""`mode=profile`: build the runner exactly as `mode=real` does and time its own forward steps over a
+grid -- decode batch x context (graph replay and eager), prefill tokens x cached prefix (one and several
+sequences), mixed steps, MoE and LM-head operators -- and the host work per step, into tidy CSV tables
+under sim/profiles/<hardware>/<model>/ (`profile.out_dir`), with meta.json. Resumable: points already in
+a table are skipped. Imports torch (through the runner).
+
+  python run.py mode=profile                       # DeepSeek-V2-Lite on this GPU, quick grid
+  python run.py mode=profile profile.grid=full
+  python run.py mode=profile model=tiny_mla_moe hardware=cpu profile.grid=smoke profile.out_dir=/tmp/p
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+from omegaconf import DictConfig
+from tqdm import tqdm
+
+from runtime.build import build_core
+from runtime.profile.grid import GRIDS, Grid, Limits, decode_points, prefill_points
+from runtime.profile.plans import SyntheticBatch, step_plan
+from runtime.profile.tables import ProfileTable, write_meta
+from sim.costmodel.profile_tables import profile_dir
+
+SECTIONS = ("decode", "prefill", "host", "mixed", "ops")   # measured in this order
+KEYS = {
+    "decode": ("path", "batch_size", "context_tokens"),
+    "prefill": ("num_seqs", "new_tokens", "prefix_tokens"),
+    "mixed": ("new_tokens", "num_decode", "context_tokens"),
+    "host": ("kind", "num_reqs", "new_tokens"),
+    "ops": ("op", "num_tokens"),
+}
+Point = tuple[str, dict, Callable[[], list[dict] | dict]]   # (table, key values, measure)
+
+
+def run_profile(cfg: DictConfig, out_dir: str | Path | None = None) -> dict:
+    """Measure every grid point missing from the tables; returns {table: rows} and the directory."""
+    from runtime.engine.build_runner import build_model_runner, graph_max_batch_size
+
+    if cfg.profile.grid not in GRIDS:
+        raise ValueError(f"profile.grid={cfg.profile.grid}: expected one of {sorted(GRIDS)}")
+    grid = GRIDS[cfg.profile.grid]
+    sections = SECTIONS if cfg.profile.sections is None else tuple(s.strip() for s in str(cfg.profile.sections).split(","))
+    if set(sections) - set(SECTIONS):
+        raise ValueError(f"profile.sections: {sorted(set(sections) - set(SECTIONS))} not in {SECTIONS}")
+    core = build_core(cfg)
+    if core.layout.num_gpus != 1:
+        raise ValueError("mode=profile runs one GPU for now (tp=ep=dp=pp=1)")
+    directory = Path(out_dir or cfg.profile.out_dir or profile_dir(core.hardware.name, core.model.name))
+    tables = {s: ProfileTable(directory, s, KEYS[s], resume=bool(cfg.profile.resume)) for s in sections}
+    started = time.perf_counter()
+    runner = build_model_runner(cfg, core)
+    sched = cfg.scheduler
+    limits = Limits(kv_slots=core.kv_capacity_tokens,
+                    max_context_tokens=core.model.max_context_tokens or core.kv_capacity_tokens,
+                    max_batch=int(sched.max_running_requests),
+                    max_new_tokens=max(int(sched.chunked_prefill_size), int(sched.max_prefill_tokens)))
+    graph_max_bs = graph_max_batch_size(cfg) if runner.graphs is not None else 0
+    points = [p for s in sections for p in _points(s, cfg, core, runner, grid, limits, graph_max_bs)
+              if not tables[p[0]].has(p[1])]
+    for table, _, measure in tqdm(points, desc="profile", unit="point", disable=not cfg.progress):
+        rows = measure()
+        for row in rows if isinstance(rows, list) else [rows]:
+            tables[table].append(row)
+    write_meta(directory, {
+        "grid": cfg.profile.grid, "sections": list(sections), "hardware": core.hardware.name,
+        "model": core.model.name, "device_name": _device_name(runner.device), "dtype": str(cfg.real.dtype),
+        "layout": {"tp": core.layout.tp, "ep": core.layout.ep, "pp": core.layout.pp},
+        "kv_capacity_tokens": core.kv_capacity_tokens, "cuda_graph_max_bs": graph_max_bs,
+        "fast_path": bool(cfg.real.fast_path), "points_measured": len(points),
+        "load_s": round(runner.load_time_s, 2), "wall_s": round(time.perf_counter() - started, 1)})
+    print(f"profile: {len(points)} points measured in {time.perf_counter() - started:.0f} s -> {directory}")
+    return {"directory": str(directory), **{s: len(t) for s, t in tables.items()}}
+
+
+def _device_name(device) -> str:
+    import torch
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def _points(section: str, cfg: DictConfig, core, runner, grid: Grid, limits: Limits, graph_max_bs: int) -> Iterator[Point]:
+    vocab = core.model.vocab_size
+    if section == "decode":
+        yield from _decode_points(runner, grid, limits, graph_max_bs, vocab)
+    elif section == "prefill":
+        for seqs, tokens, prefixes in [(1, grid.prefill_tokens, grid.prefill_prefixes)] + \
+                [(k, grid.multi_tokens, grid.multi_prefixes) for k in grid.multi_seqs]:
+            for point in prefill_points(tokens, prefixes, seqs, limits):
+                yield "prefill", dict(zip(KEYS["prefill"], point)), _prefill(runner, *point, grid.repeats, vocab)
+    elif section == "mixed":
+        for tokens in grid.mixed_tokens:
+            for batch in (b for b in grid.mixed_batches if b * grid.mixed_context + tokens <= limits.kv_slots):
+                key = dict(new_tokens=tokens, num_decode=batch, context_tokens=grid.mixed_context)
+                yield "mixed", key, _mixed(runner, tokens, batch, grid.mixed_context, grid.repeats, vocab)
+    elif section == "host":
+        from runtime.profile.host import host_decode_row, host_prefill_row
+        for batch in (b for b in grid.host_decode_batches if b <= limits.max_batch):
+            yield "host", dict(kind="decode", num_reqs=batch, new_tokens=batch), \
+                lambda b=batch: host_decode_row(cfg, core, runner, b, grid.host_steps)
+        for reqs, each in grid.host_prefill:
+            if reqs * each <= limits.max_new_tokens and each < limits.max_context_tokens:
+                yield "host", dict(kind="prefill", num_reqs=reqs, new_tokens=reqs * each), \
+                    lambda r=reqs, e=each: host_prefill_row(cfg, core, runner, r, e, grid.host_steps)
+    elif section == "ops":
+        from runtime.profile.ops import op_rows
+        for tokens in grid.op_tokens:
+            yield "ops", dict(op="lm_head_sampler", num_tokens=tokens), \
+                lambda t=tokens: op_rows(runner, t, grid.repeats)
+
+
+def _decode_points(runner, grid: Grid, limits: Limits, graph_max_bs: int, vocab: int) -> Iterator[Point]:
+    from runtime.profile.timing import eager_decode
+
+    graph = [p for p in decode_points(grid.decode_batches, grid.decode_contexts, limits) if p[0] <= graph_max_bs]
+    eager = decode_points(grid.eager_batches, grid.eager_contexts, limits)
+    for path, points in (("graph", graph), ("eager", eager)):
+        for batch, context in points:
+            key = dict(path=path, batch_size=batch, context_tokens=context)
+            yield "decode", key, _decode(runner, path, batch, context, grid.repeats, vocab, eager_decode)
+
+
+def _decode(runner, path: str, batch: int, context: int, repeats: int, vocab: int, eager_decode):
+    def measure() -> dict:
+        from contextlib import nullcontext
+        from runtime.profile.timing import time_plan
+        synthetic = SyntheticBatch(f"d{path}{batch}x{context}", batch, context, 0, vocab)
+        with eager_decode(runner) if path == "eager" else nullcontext():
+            timing = time_plan(runner, step_plan(synthetic.decode_items(context)), repeats)
+        synthetic.release()
+        return {"path": path, "batch_size": batch, "context_tokens": context,
+                "total_context_tokens": batch * context, **_timing_columns(timing)}
+    return measure
+
+
+def _prefill(runner, seqs: int, tokens: int, prefix: int, repeats: int, vocab: int):
+    def measure() -> dict:
+        from runtime.profile.timing import time_plan
+        each = tokens // seqs
+        synthetic = SyntheticBatch(f"p{seqs}x{tokens}+{prefix}", seqs, prefix + each, 0, vocab)
+        timing = time_plan(runner, step_plan(synthetic.extend_items(each, prefix)), repeats)
+        synthetic.release()
+        return {"num_seqs": seqs, "new_tokens": tokens, "prefix_tokens": prefix, **_timing_columns(timing)}
+    return measure
+
+
+def _mixed(runner, tokens: int, batch: int, context: int, repeats: int, vocab: int):
+    def measure() -> dict:
+        from runtime.profile.timing import time_plan
+        extend = SyntheticBatch(f"m{tokens}+{batch}", 1, tokens, 0, vocab)
+        decode = SyntheticBatch(f"m{tokens}+{batch}d", batch, context, tokens, vocab)
+        timing = time_plan(runner, step_plan(extend.extend_items(tokens, 0) + decode.decode_items(context)), repeats)
+        extend.release()
+        decode.release()
+        return {"new_tokens": tokens, "num_decode": batch, "context_tokens": context, **_timing_columns(timing)}
+    return measure
+
+
+def _timing_columns(timing) -> dict:
+    return {"device_s": timing.device_s, "device_min_s": timing.device_min_s,
+            "launch_host_s": timing.launch_host_s, "repeats": timing.repeats}

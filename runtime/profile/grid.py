@@ -1,0 +1,96 @@
+"""The profiling grids (`profile.grid=smoke|quick|full`) and the points they give once clipped to
+what the runtime can hold (KV pool, context length, decode batch limit, prefill chunk). Torch-free.
+
+Decode points are CUDA-graph capture sizes (the runtime pads a batch up to one), so the profiled
+cost model can look a batch up at its padded size.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Grid:
+    decode_batches: tuple[int, ...]           # graph replay (and eager where listed below)
+    decode_contexts: tuple[int, ...]          # KV tokens each decode request attends
+    eager_batches: tuple[int, ...]
+    eager_contexts: tuple[int, ...]
+    prefill_tokens: tuple[int, ...]           # new tokens of one sequence
+    prefill_prefixes: tuple[int, ...]         # its cached prefix
+    multi_seqs: tuple[int, ...]               # several sequences sharing a step's new tokens
+    multi_tokens: tuple[int, ...]
+    multi_prefixes: tuple[int, ...]           # per sequence
+    mixed_tokens: tuple[int, ...]             # a prefill chunk (no prefix) ...
+    mixed_batches: tuple[int, ...]            # ... plus this many decodes ...
+    mixed_context: int                        # ... of this context each
+    host_decode_batches: tuple[int, ...]
+    host_prefill: tuple[tuple[int, int], ...]  # (requests, new tokens each)
+    op_tokens: tuple[int, ...]                # MoE layer, LM head + sampler
+    repeats: int                              # timed launches per point (after one untimed)
+    host_steps: int                           # timed scheduler steps per host point
+
+
+GRIDS = {
+    "smoke": Grid(decode_batches=(1, 4), decode_contexts=(16, 64), eager_batches=(1, 4), eager_contexts=(64,),
+                  prefill_tokens=(16, 64), prefill_prefixes=(0, 32), multi_seqs=(2,), multi_tokens=(32,),
+                  multi_prefixes=(0,), mixed_tokens=(16,), mixed_batches=(2,), mixed_context=32,
+                  host_decode_batches=(1, 4), host_prefill=((1, 16), (2, 16)), op_tokens=(1, 16),
+                  repeats=2, host_steps=2),
+    "quick": Grid(decode_batches=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
+                  decode_contexts=(128, 1024, 4096, 16384, 65536),
+                  eager_batches=(1, 8, 64, 256, 1024), eager_contexts=(128, 1024, 4096),
+                  prefill_tokens=(16, 64, 256, 512, 1024, 2048, 4096, 8192),
+                  prefill_prefixes=(0, 1024, 4096, 16384, 65536),
+                  multi_seqs=(4, 16, 64), multi_tokens=(1024, 8192), multi_prefixes=(0, 2048),
+                  mixed_tokens=(512, 4096), mixed_batches=(8, 64, 256), mixed_context=1024,
+                  host_decode_batches=(1, 4, 16, 64, 256, 1024),
+                  host_prefill=((1, 128), (1, 1024), (1, 8192), (8, 128), (8, 1024), (64, 128)),
+                  op_tokens=(1, 8, 64, 256, 1024, 4096, 8192), repeats=5, host_steps=8),
+    "full": Grid(decode_batches=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024),
+                 decode_contexts=(64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072),
+                 eager_batches=(1, 4, 16, 64, 128, 256, 512, 1024), eager_contexts=(128, 1024, 4096, 16384),
+                 prefill_tokens=(8, 16, 32, 64, 128, 256, 512, 1024, 2048, 3072, 4096, 6144, 8192, 12288, 16384),
+                 prefill_prefixes=(0, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072),
+                 multi_seqs=(2, 4, 8, 16, 32, 64, 128), multi_tokens=(512, 2048, 8192, 16384),
+                 multi_prefixes=(0, 512, 2048, 8192),
+                 mixed_tokens=(256, 1024, 4096, 8192), mixed_batches=(1, 8, 32, 64, 128, 256, 512),
+                 mixed_context=2048, host_decode_batches=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
+                 host_prefill=tuple((k, n) for k in (1, 4, 16, 64) for n in (64, 256, 1024, 4096) if k * n <= 16384),
+                 op_tokens=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384),
+                 repeats=10, host_steps=16),
+}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one step may hold on this runner: KV slots, tokens per sequence, decode batch, new tokens."""
+
+    kv_slots: int
+    max_context_tokens: int
+    max_batch: int
+    max_new_tokens: int
+
+
+def decode_points(batches: tuple[int, ...], contexts: tuple[int, ...], limits: Limits) -> list[tuple[int, int]]:
+    """(batch, context) pairs that fit: distinct KV slots for every request. Where the pool or the
+    context limit cuts a batch's contexts short, the largest context that fits is added, so each
+    batch's row reaches as far as the runtime can go."""
+    points = []
+    for batch in (b for b in batches if b <= limits.max_batch):
+        room = min(limits.kv_slots // batch, limits.max_context_tokens - 1)
+        fitting = [c for c in contexts if c <= room]
+        if room >= 2 and len(fitting) < len(contexts) and room not in fitting:
+            fitting.append(room)
+        points += [(batch, c) for c in sorted(fitting) if c >= 2]
+    return points
+
+
+def prefill_points(tokens: tuple[int, ...], prefixes: tuple[int, ...], seqs: int, limits: Limits) -> list[tuple[int, int, int]]:
+    """(sequences, new tokens in all, prefix per sequence) that fit the chunk, the context and the pool."""
+    points = []
+    for total in (t for t in tokens if seqs <= t <= limits.max_new_tokens):
+        for prefix in prefixes:
+            per_seq = total // seqs + prefix
+            if per_seq < limits.max_context_tokens and seqs * per_seq <= limits.kv_slots:
+                points.append((seqs, total, prefix))
+    return points

@@ -1,0 +1,71 @@
+"""Times step plans through the runner the way serving launches them, and single operators.
+Imports torch.
+
+A step is timed by the runner's own CUDA events (host perf_counter on CPU). Launches are pipelined as
+the overlap loop does (launch step n+1, then wait for step n), so a timed step starts on the device
+when the previous one ends and its interval holds the device time plus any host launch time the
+device had to wait for -- what `mode=real` records per step.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+
+from runtime.core.batch import StepPlan
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    device_s: float          # median step interval (CUDA events; CPU: host clock)
+    device_min_s: float
+    launch_host_s: float     # median host time of runner.launch: batch build, attention plan, launches
+    repeats: int
+
+
+@contextmanager
+def eager_decode(runner) -> Iterator[None]:
+    """Decode steps run eagerly (no graph replay) inside the block."""
+    saved, runner.graphs = runner.graphs, None
+    try:
+        yield
+    finally:
+        runner.graphs = saved
+
+
+def time_plan(runner, plan: StepPlan, repeats: int) -> StepTiming:
+    """One untimed launch (JIT, allocator), then `repeats` timed ones, each launched before the
+    previous one is waited for."""
+    launched, host_s = [], []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        step = runner.launch(plan)
+        host_s.append(time.perf_counter() - start)
+        if launched:
+            launched[-1].wait()
+        launched.append(step)
+    durations = [step.wait().duration_s for step in launched[1:]]
+    return StepTiming(statistics.median(durations), min(durations), statistics.median(host_s[1:]), repeats)
+
+
+def time_op(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
+    """Median seconds of fn() on the device (CUDA events around each call; CPU: host clock)."""
+    fn()
+    samples = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
