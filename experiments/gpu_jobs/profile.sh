@@ -8,6 +8,6 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 OUT=${1:-${OUT:-/tmp/out}}; shift || true
 mkdir -p "$OUT/profile"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv,noheader
-python run.py mode=profile progress=false profile.out_dir="$OUT/profile" hydra.run.dir=/tmp/profile_run "$@" 2>&1 \
+timeout ${PROFILE_TIMEOUT_S:-480} python run.py mode=profile progress=false profile.out_dir="$OUT/profile" hydra.run.dir=/tmp/profile_run "$@" 2>&1 \
   | grep -v "capture decode" | tail -30
 wc -l "$OUT"/profile/*.csv
