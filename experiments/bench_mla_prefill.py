@@ -3,7 +3,9 @@ form, in MHA form (k/v expanded by kv_b_proj; FlashInfer ragged prefill), and as
 (runtime.core.mla_form), next to the step's ideal roofline (experiments/step_roofline.py). Shapes:
 one sequence of 2,048 / 8,192 new tokens, and the offline 1000-in steps as the scheduler builds them
 (chunked prefill of 8,192 tokens: the previous step's chunked request continues with a cached prefix,
-so SGLang's rule keeps them absorbed). Optionally a kernel-time profile of one step per form.
+so SGLang's rule keeps them absorbed), and a shared-prefix step of the default workload (50 requests,
+~100k cached prefix tokens in all: SGLang's rule expands the prefix in one shot). Optionally a kernel-time
+profile of one step per form.
 
   python experiments/bench_mla_prefill.py --out DIR [--profile]     # DeepSeek-V2-Lite on one GPU, ~1 min
 Writes DIR/prefill_forms.csv (and DIR/prefill_kernels.csv with --profile).
@@ -35,7 +37,9 @@ SHAPES = {
     "1x8192": [(8192, 0)],
     "offline_2048": [(1000, 0), (1000, 0), (48, 0)],
     "offline_8192": [(808, 192)] + [(1000, 0)] * 7 + [(384, 0)],
+    "shared_prefix_8200": [(164, 2010)] * 50,
 }
+PROFILED = ("1x8192", "offline_8192")
 FORMS = ("absorbed", "mha", "rule")
 
 
@@ -89,7 +93,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--model", default="deepseek_v2_lite")
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--profile", action="store_true", help="kernel times of offline_8192 per form")
+    parser.add_argument("--profile", action="store_true", help=f"kernel times of {PROFILED} per form")
     args = parser.parse_args()
     cfg = compose_config([f"model={args.model}", "hardware=h200"])
     spec, hardware = instantiate(cfg.model), instantiate(cfg.hardware)
@@ -110,8 +114,9 @@ def main() -> None:
         for form in FORMS:
             set_form(runner, form)
             row[f"{form}_ms"] = time_step_ms(runner, fb, args.reps)
-            if args.profile and name == "offline_8192" and form != "rule":
-                kernels += [{"form": form, "kernel": k, "ms": v} for k, v in profile_kernels(runner, fb).items()]
+            if args.profile and name in PROFILED and form != "rule":
+                kernels += [{"shape": name, "form": form, "kernel": k, "ms": v}
+                            for k, v in profile_kernels(runner, fb).items()]
         row["rule_over_ideal"] = row["rule_ms"] / row["ideal_ms"]
         rows.append(row)
         print(pd.DataFrame([row]).to_string(index=False, float_format=lambda x: f"{x:.2f}"), flush=True)
@@ -120,11 +125,11 @@ def main() -> None:
     table.to_csv(out / "prefill_forms.csv", index=False)
     print(table.to_string(index=False, float_format=lambda x: f"{x:.2f}"))
     if kernels:
-        k = pd.DataFrame(kernels).sort_values(["form", "ms"], ascending=[True, False])
+        k = pd.DataFrame(kernels).sort_values(["shape", "form", "ms"], ascending=[True, True, False])
         k.to_csv(out / "prefill_kernels.csv", index=False)
-        for form, g in k.groupby("form"):
-            print(f"\n{form}: {g['ms'].sum():.1f} ms of kernels, top 12")
-            print(g.head(12).to_string(index=False, float_format=lambda x: f"{x:.2f}"))
+        for (shape, form), g in k.groupby(["shape", "form"]):
+            print(f"\n{shape} {form}: {g['ms'].sum():.1f} ms of kernels, top 10")
+            print(g.head(10)[["kernel", "ms"]].to_string(index=False, float_format=lambda x: f"{x:.2f}"))
 
 
 if __name__ == "__main__":

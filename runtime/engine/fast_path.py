@@ -107,14 +107,16 @@ class FastMLABackend:
     Decode steps: FlashInfer decode (causal=False) or Triton split-KV decode. Steps with extends, absorbed
     form: FlashInfer causal extend (bottom-right aligned, matches the reference) or the Triton row kernel.
     Steps `mha_rule` sends to MHA form (runtime.core.mla_form, SGLang's rule; `never_mha` turns it off): the
-    layers call `mla_store()` then `mla_mha()`, a FlashInfer causal ragged prefill (Dqk, Dv) planned once
-    per step (sharing the MLA wrapper's workspace), or torch SDPA per sequence without FlashInfer.
+    layers call `mla_store()` then `mla_mha()`: k = [k_nope | k_pe] laid out by one Triton copy, then a
+    FlashInfer causal ragged prefill (Dqk, Dv) planned once per step (sharing the MLA wrapper's workspace),
+    or torch SDPA per sequence without FlashInfer.
     `auto_plan=True` (eager use) plans lazily when handed a batch it has not planned; the CUDA-graph
     runner uses `auto_plan=False` and plans before each replay itself. `mha()` is the torch reference."""
 
     def __init__(self, shape: MLAShape, kernel: str, device: torch.device, auto_plan: bool = True,
                  flashinfer=None,
                  mha_rule: Callable[[Sequence[int], Sequence[int]], bool] = mla_attends_as_mha) -> None:
+        from kernels.mla_attention.triton_concat_k import concat_mla_k_triton
         from kernels.mla_attention.triton_decode import mla_decode_triton, mla_extend_triton
         from kernels.small_ops.triton_kv_store import store_mla_kv_triton
 
@@ -125,6 +127,7 @@ class FastMLABackend:
         self.flashinfer = flashinfer
         self._store, self._decode_triton, self._extend_triton = store_mla_kv_triton, mla_decode_triton, mla_extend_triton
         self._triton_cfg = self._triton_config()
+        self._concat_k = concat_mla_k_triton
         self.mha_rule = mha_rule              # (prefix_lens, seq_lens) of an extend step -> MHA form?
         self.mha_prefill = None               # FlashInferMHAPrefill, built at the first MHA-form step
         self._planned: ForwardBatch | None = None
@@ -195,14 +198,15 @@ class FastMLABackend:
                   pool: MLAKVPool) -> None:
         self._store(pool.get_kv(layer), fb.out_cache_loc, _rows(c_kv), _rows(k_rope))
 
-    def mla_mha(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                fb: ForwardBatch, scale: float) -> torch.Tensor:   # [T, N, Dqk], [K, N, Dqk], [K, N, Dv] -> [T, N, Dv]
+    def mla_mha(self, layer: int, q: torch.Tensor, k_nope: torch.Tensor, k_rope: torch.Tensor, v: torch.Tensor,
+                fb: ForwardBatch, scale: float) -> torch.Tensor:   # [T, N, Dqk], [K, N, Dn], [K, R], [K, N, Dv]
         if scale != self.shape.sm_scale:
             raise ValueError(f"layer {layer} softmax scale {scale} differs from the planned {self.shape.sm_scale}")
         if not self._as_mha or self._planned is not fb:
             raise RuntimeError("mla_mha() on a step not planned in MHA form")
+        k = self._concat_k(k_nope, _rows(k_rope))                           # [K, N, Dqk]
         if self.mha_prefill is not None:
-            return self.mha_prefill.run(q, k, v)
+            return self.mha_prefill.run(q, k, v)                           # [T, N, Dv]
         from kernels.mla_attention.sdpa_prefill import mha_prefill_sdpa
         return mha_prefill_sdpa(q, k, v, *self._mha_indptr, scale)
 

@@ -39,11 +39,11 @@ class AttentionBackend(Protocol):
         """Write [c_kv | k_rope] ([T, C], [T, R]) at fb.out_cache_loc (MHA form: decode reads them later)."""
         ...
 
-    def mla_mha(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    def mla_mha(self, layer: int, q: torch.Tensor, k_nope: torch.Tensor, k_rope: torch.Tensor, v: torch.Tensor,
                 fb: ForwardBatch, scale: float) -> torch.Tensor:
-        """MHA form: q [T, N, Dn + R] of the new tokens attends, causally, k [K, N, Dn + R] and v [K, N, Dv]
-        of every KV token of the step (rows in kv_indptr order: each sequence's prefix, then its new
-        tokens) -> [T, N, Dv]."""
+        """MHA form: q [T, N, Dn + R] of the new tokens attends, causally, the keys k = [k_nope | k_rope]
+        (k_nope [K, N, Dn], k_rope [K, R] shared by the heads) and values v [K, N, Dv] of every KV token of
+        the step (rows in kv_indptr order: each sequence's prefix, then its new tokens) -> [T, N, Dv]."""
         ...
 
 
@@ -78,8 +78,9 @@ class TorchAttentionBackend:
                   pool: MLAKVPool) -> None:
         pool.write(layer, fb.out_cache_loc, c_kv, k_rope)
 
-    def mla_mha(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    def mla_mha(self, layer: int, q: torch.Tensor, k_nope: torch.Tensor, k_rope: torch.Tensor, v: torch.Tensor,
                 fb: ForwardBatch, scale: float) -> torch.Tensor:
+        k = torch.cat([k_nope, k_rope[:, None, :].expand(-1, k_nope.shape[1], -1)], dim=-1)   # [K, N, Dn + R]
         return mla_mha_prefill_ref(q, k, v, fb.qo_indptr, fb.kv_indptr, scale)
 
 

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from runtime.distributed.layers import shard_mla_heads
+from runtime.distributed.sharding import SINGLE, ModelParallel
 from runtime.models.config import ModelConfig
 from runtime.models.layers import Linear, RMSNorm, SmallOps
 from runtime.models.rotary import apply_rotary, yarn_softmax_mscale
@@ -30,10 +32,11 @@ class MLAttention(nn.Module):
     The two are the same function (tests check it); MHA form costs ~1/3 of the FLOPs per attended pair
     but expands every attended token, so it pays off for prefills."""
 
-    def __init__(self, config: ModelConfig, layer_id: int, dtype: torch.dtype, device: torch.device | str):
+    def __init__(self, config: ModelConfig, layer_id: int, dtype: torch.dtype, device: torch.device | str,
+                 parallel: ModelParallel = SINGLE):
         super().__init__()
         self.layer_id = layer_id
-        hidden, n = config.hidden_size, config.num_attention_heads
+        hidden, n = config.hidden_size, parallel.local_heads(config.num_attention_heads)   # N: this rank's heads
         self.num_heads, self.kv_lora_rank = n, config.kv_lora_rank
         self.nope_dim, self.rope_dim, self.v_dim = config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim
         self.interleaved = config.rope.interleaved
@@ -52,6 +55,8 @@ class MLAttention(nn.Module):
         self.scale = qk_dim ** -0.5 * yarn_softmax_mscale(config.rope, config.max_position_embeddings)
         self.register_buffer("w_uk", None, persistent=False)   # [N, Dn, C]
         self.register_buffer("w_uv", None, persistent=False)   # [N, Dv, C]
+        if parallel.sharded:   # heads split (q, kv_b column-, o row-parallel); the latent path is replicated
+            shard_mla_heads(self, parallel, config.num_attention_heads)
 
     def post_load(self) -> None:
         """Split kv_b_proj into the absorption matrices (after weights are in place)."""
@@ -117,5 +122,5 @@ class MLAttention(nn.Module):
             latent = ctx.pool.get_kv(self.layer_id)[fb.kv_indices]         # [K, C + R]
             c_kv, k_pe = latent[:, :self.kv_lora_rank], latent[:, self.kv_lora_rank:]
         kv = self.kv_b_proj(c_kv).view(c_kv.shape[0], n, dn + self.v_dim)  # [K, N, Dn + Dv]
-        k = torch.cat([kv[..., :dn], k_pe[:, None, :].expand(-1, n, -1)], dim=-1)   # [K, N, Dn + R]
-        return ctx.backend.mla_mha(self.layer_id, q, k, kv[..., dn:], fb, self.scale)   # v: a strided view
+        # k_nope and v stay strided views of kv; the backend lays k = [k_nope | k_pe] out as its kernel needs
+        return ctx.backend.mla_mha(self.layer_id, q, kv[..., :dn], k_pe, kv[..., dn:], fb, self.scale)

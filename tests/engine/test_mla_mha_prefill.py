@@ -1,7 +1,10 @@
 """The runner's MLA prefill in MHA form (FlashInfer ragged prefill; torch SDPA when the Triton kernels are
 chosen) against the torch reference, on a DeepSeek-V2-Lite-shaped model (full width, 4 layers, dummy
 weights, bf16, no CUDA graphs). Tolerances as tests/engine/test_fast_path.py: logits within 3e-2 relative
-(min row cosine 0.999) of the reference, greedy agreement >= 75% over teacher-forced decode steps.
+(min row cosine 0.999) of the reference in the same form, greedy agreement >= 75% over teacher-forced decode
+steps. Against the absorbed-form reference 5e-2 (cosine 0.999): the two forms round differently in bf16 (the
+absorbed one rounds q W_UK and the latent output), seen 3.4e-2 on the H200 for a 1-sequence prefill; the forms
+agree within 1e-4 in float32 (tests/models/test_mla_forms.py), and a wrong kernel gives errors of order 1.
 """
 from __future__ import annotations
 
@@ -13,7 +16,9 @@ from runtime.engine.fast_path import FastPathConfig
 from runtime.engine.forward_batch import ForwardBatch
 from runtime.engine.model_runner import ModelRunner
 from runtime.models.attention_backend import TorchAttentionBackend
-from tests.engine.test_fast_path import MAX_LEN, Sequences, assert_close_logits, hf_config, prompts
+from tests.engine.test_fast_path import (
+    MAX_LEN, Sequences, assert_close_logits, hf_config, min_row_cosine, prompts, rel_err,
+)
 
 HAS_CUDA = torch.cuda.is_available()
 gpu = pytest.mark.gpu
@@ -35,9 +40,13 @@ def runner():
     return make_runner("auto")
 
 
-def absorbed_reference(runner: ModelRunner, fb: ForwardBatch) -> torch.Tensor:
+def assert_close_to_absorbed_reference(runner: ModelRunner, fb: ForwardBatch, fast: torch.Tensor,
+                                       what: str) -> None:
     fb.attn_backend = TorchAttentionBackend(mla_prefill_as_mha=False)
-    return runner.model(fb, runner.pool).clone()
+    ref = runner.model(fb, runner.pool)
+    err, cos = rel_err(fast, ref), min_row_cosine(fast, ref)
+    print(f"{what}: rel err {err:.3g}, min row cosine {cos:.5f}")
+    assert err <= 5e-2 and cos >= 0.999, f"{what}: rel err {err:.3g}, min row cosine {cos:.5f}"
 
 
 @gpu
@@ -51,8 +60,9 @@ def test_prefill_runs_as_mha_and_matches_both_reference_forms(runner, batch: int
     backend = runner.attn_backend
     assert backend.mla_as_mha(fb)
     assert (backend.mha_prefill is not None) == (backend.kernel == "flashinfer")
+    print(f"MHA-form prefill B={batch} vs reference: rel err {rel_err(fast, ref):.3g}")
     assert_close_logits(fast, ref, f"MHA-form prefill B={batch} vs reference")
-    assert_close_logits(fast, absorbed_reference(runner, fb), f"MHA-form prefill B={batch} vs absorbed reference")
+    assert_close_to_absorbed_reference(runner, fb, fast, f"MHA-form prefill B={batch} vs absorbed reference")
 
 
 @gpu
@@ -88,8 +98,9 @@ def test_extend_over_a_long_prefix_expands_it_in_one_shot(runner) -> None:
     ref = runner.forward(fb, "reference").clone()
     fast = runner.forward(fb, "eager").clone()
     assert runner.attn_backend.mla_as_mha(fb)
+    print(f"one-shot MHA extend vs reference: rel err {rel_err(fast, ref):.3g}")
     assert_close_logits(fast, ref, "one-shot MHA extend vs reference")
-    assert_close_logits(fast, absorbed_reference(runner, fb), "one-shot MHA extend vs absorbed reference")
+    assert_close_to_absorbed_reference(runner, fb, fast, "one-shot MHA extend vs absorbed reference")
 
 
 @gpu

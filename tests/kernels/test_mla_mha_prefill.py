@@ -2,18 +2,26 @@
 prefill against kernels/mla_attention/ref.py's mla_mha_prefill_ref.
 
 CPU: the SDPA fallback in float32, tiny shapes, with and without a prefix (bottom-right causal), v a strided
-view. GPU (`gpu`): bfloat16 at DeepSeek's dims (16 heads, Dqk 192, Dv 128). Tolerance: relative Frobenius
+view; the Triton k = [k_nope | k_pe] concat in Triton's interpreter (TRITON_INTERPRET=1, set below before the
+kernel module is imported). GPU (`gpu`): bfloat16 at DeepSeek's dims (16 heads, Dqk 192, Dv 128). Tolerance: relative Frobenius
 error <= 1e-2 against the float32-math reference -- bf16 inputs and a bf16 output round at ~2e-3 per element,
 a wrong mask or scale gives errors of order 0.1-1.
 """
 from __future__ import annotations
 
-import pytest
+import os
+
 import torch
 
-from kernels.mla_attention.flashinfer_mla import flashinfer_available
-from kernels.mla_attention.ref import mla_mha_prefill_ref
-from kernels.mla_attention.sdpa_prefill import mha_prefill_sdpa
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from kernels.mla_attention.flashinfer_mla import flashinfer_available  # noqa: E402
+from kernels.mla_attention.ref import mla_mha_prefill_ref  # noqa: E402
+from kernels.mla_attention.sdpa_prefill import mha_prefill_sdpa  # noqa: E402
+from kernels.mla_attention.triton_concat_k import concat_mla_k_triton  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
 gpu = pytest.mark.gpu
@@ -60,6 +68,18 @@ def test_ref_is_bottom_right_causal():
     for i, seen in ((0, 5), (2, 7)):
         probs = torch.softmax(q[i, 0] @ k[:seen, 0].T * 0.5, dim=-1)
         torch.testing.assert_close(out[i, 0], probs @ v[:seen, 0])
+
+
+@pytest.mark.parametrize("heads", [1, 3, 16, 20])
+def test_triton_concat_k_matches_torch_cat(heads):
+    device = "cuda" if HAS_CUDA else "cpu"
+    dtype = torch.bfloat16 if HAS_CUDA else torch.float32        # a copy: exact in any dtype
+    gen = torch.Generator().manual_seed(heads)
+    kv = torch.randn(37, heads, 16 + 8, generator=gen).to(dtype).to(device)       # [K, N, Dn + Dv]
+    latent = torch.randn(37, 32 + 4, generator=gen).to(dtype).to(device)         # [K, C + R]
+    k_nope, k_pe = kv[..., :16], latent[:, 32:]                                   # strided views, as the model
+    expected = torch.cat([k_nope, k_pe[:, None, :].expand(-1, heads, -1)], dim=-1)
+    assert torch.equal(concat_mla_k_triton(k_nope, k_pe), expected)
 
 
 GPU_CASES = [([2048], [0]), ([1000] * 3 + [192], [0] * 4), ([808, 1000, 384], [192, 0, 0]),
