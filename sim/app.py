@@ -36,6 +36,8 @@ def run_sim(cfg: DictConfig, out_dir: str | Path | None = None) -> dict:
     requests, steps = requests_frame(outcome.requests), steps_frame(outcome.steps)
     summary = summarize(requests, steps, mode="sim", wall_time_s=time.perf_counter() - wall_start)
     summary["kv_capacity_tokens"] = core.kv_capacity_tokens
+    if hasattr(cost_model, "summary"):           # e.g. the profiled model's fallback count
+        summary["costmodel"] = cost_model.summary()
     write_run(out_dir or cfg.output_dir, requests, steps, summary)
     if cfg.print_summary:
         print(format_summary(summary))

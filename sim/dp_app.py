@@ -56,7 +56,8 @@ def run_sim_dp(cfg: DictConfig, out_dir: str | Path | None = None) -> dict:
     cores = build_replica_cores(cfg)
     router = instantiate(cfg.router)(num_replicas=len(cores))
     specs = instantiate(cfg.workload).requests()
-    outcome = _driver(cfg, cores, router, bool(cfg.progress)).run(specs)
+    driver = _driver(cfg, cores, router, bool(cfg.progress))
+    outcome = driver.run(specs)
     requests, steps = merged_frames(outcome)
     summary = summarize(requests, steps, mode="sim", wall_time_s=time.perf_counter() - wall_start)
     layout = cores[0].layout
@@ -67,6 +68,10 @@ def run_sim_dp(cfg: DictConfig, out_dir: str | Path | None = None) -> dict:
         "requests_per_replica": requests.groupby("replica").size().reindex(range(layout.dp), fill_value=0).tolist(),
         "steps_per_replica": steps.groupby("replica").size().reindex(range(layout.dp), fill_value=0).tolist(),
     }
+    replicas = getattr(driver, "drivers", None)          # one executor (and cost model) shared by all
+    cost_model = replicas[0].executor.cost_model if replicas else None
+    if hasattr(cost_model, "summary"):           # e.g. the profiled model's fallback count
+        summary["costmodel"] = cost_model.summary()
     write_run(out_dir or cfg.output_dir, requests, steps, summary)
     if cfg.print_summary:
         print(format_summary(summary))

@@ -1,13 +1,122 @@
 """Where measured profiles live and how the profiled cost model reads them: the tables written by
-`python run.py mode=profile` under sim/profiles/<hardware>/<model>/, as monotone interpolants.
-Torch-free (numpy, pandas)."""
+`python run.py mode=profile` under sim/profiles/<hardware>/<model>/, as piecewise-linear interpolants
+(monotone between grid points: never above or below the two measurements around a query). Torch-free.
+
+Each lookup returns (seconds, inside): `inside` is False where the query lies past the measured grid
+(the caller then falls back to the roofline).
+"""
 from __future__ import annotations
 
+import bisect
 from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import pandas as pd
 
 PROFILES_DIR = Path(__file__).resolve().parents[1] / "profiles"
+_EDGE = 1.0 + 1e-9
 
 
 def profile_dir(hardware_name: str, model_name: str) -> Path:
     """sim/profiles/<hardware>/<model>/ (it may not exist)."""
     return PROFILES_DIR / hardware_name / model_name
+
+
+def has_profile(directory: Path) -> bool:
+    return (Path(directory) / "decode.csv").exists() and (Path(directory) / "prefill.csv").exists()
+
+
+def capture_batch_sizes(max_bs: int) -> list[int]:
+    """SGLang's decode CUDA-graph capture grid, as the runtime captures it
+    (runtime.engine.cuda_graph_runner.capture_batch_sizes; a test keeps the two equal)."""
+    grid = [1, 2, 4, 8, 12, 16] + list(range(24, 257, 8)) + list(range(272, max_bs + 1, 16))
+    return sorted({bs for bs in grid if bs <= max_bs} | {max_bs})
+
+
+class Curve:
+    """y(x) through measured points: linear between them, flat below the first, linear (last segment's
+    slope, never decreasing below the last value) above the last, where `inside` turns False."""
+
+    def __init__(self, xs: Sequence[float], ys: Sequence[float]) -> None:
+        order = np.argsort(np.asarray(xs, dtype=np.float64))
+        self.xs = np.asarray(xs, dtype=np.float64)[order]
+        self.ys = np.asarray(ys, dtype=np.float64)[order]
+        if len(self.xs) == 0:
+            raise ValueError("a curve needs at least one point")
+        self.slope = (self.ys[-1] - self.ys[-2]) / (self.xs[-1] - self.xs[-2]) if len(self.xs) > 1 else 0.0
+
+    @property
+    def max_x(self) -> float:
+        return float(self.xs[-1])
+
+    def __call__(self, x: np.ndarray | float) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float64)
+        y = np.interp(x, self.xs, self.ys)
+        above = x > self.xs[-1]
+        if np.any(above):
+            y = np.where(above, self.ys[-1] + max(self.slope, 0.0) * (x - self.xs[-1]), y)
+        return y
+
+
+def lerp_rows(keys: Sequence[float], key: float, value: Callable[[int], np.ndarray]) -> np.ndarray | None:
+    """Linear interpolation in `key` between the two rows around it (keys sorted ascending);
+    value(i) is row i's answer. None when `key` lies outside [keys[0], keys[-1]]."""
+    if key < keys[0] / _EDGE or key > keys[-1] * _EDGE:
+        return None
+    hi = min(bisect.bisect_left(keys, key), len(keys) - 1)
+    if keys[hi] == key or hi == 0:
+        return value(hi)
+    lo = hi - 1
+    w = (key - keys[lo]) / (keys[hi] - keys[lo])
+    return (1 - w) * value(lo) + w * value(hi)
+
+
+class DecodeTable:
+    """Decode steps of one path (graph or eager): per measured batch size, time over context per request."""
+
+    def __init__(self, rows: pd.DataFrame) -> None:
+        self.batches = sorted(int(b) for b in rows["batch_size"].unique())
+        self.curves = [Curve(g["context_tokens"], g["device_s"])
+                       for _, g in sorted(rows.groupby("batch_size"), key=lambda kv: kv[0])]
+
+    def __bool__(self) -> bool:
+        return bool(self.batches)
+
+    def lookup(self, batch: int, total_context: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Times [n] of decode steps of `batch` requests attending total_context[n] KV tokens, and
+        which lie inside the grid (the smaller neighbouring batch measured that context)."""
+        ctx = np.asarray(total_context, dtype=np.float64) / max(batch, 1)
+        out = lerp_rows(self.batches, batch, lambda i: self.curves[i](ctx))
+        if out is None:
+            return np.full(ctx.shape, np.nan), np.zeros(ctx.shape, dtype=bool)
+        lo = max(0, bisect.bisect_right(self.batches, batch) - 1)
+        return out, ctx <= self.curves[lo].max_x * _EDGE
+
+    def edge(self, batch: int, total_context: float) -> tuple[int, float]:
+        """The nearest (batch, total context) inside the grid."""
+        b = min(max(batch, self.batches[0]), self.batches[-1])
+        lo = max(0, bisect.bisect_right(self.batches, b) - 1)
+        return b, min(total_context / max(batch, 1), self.curves[lo].max_x) * b
+
+
+class PrefillColumns:
+    """Prefill steps of one sequence: per measured cached prefix, time over new tokens. With `form`,
+    only columns of that MLA form (MHA or absorbed) serve a query."""
+
+    def __init__(self, rows: pd.DataFrame) -> None:
+        self.prefixes = sorted(int(p) for p in rows["prefix_tokens"].unique())
+        self.curves = {int(p): Curve(g["new_tokens"], g["device_s"]) for p, g in rows.groupby("prefix_tokens")}
+        self.max_tokens = float(rows["new_tokens"].max())
+
+    def lookup(self, tokens: float, prefix: float, prefixes: list[int]) -> tuple[float, bool]:
+        """Time at (tokens, equivalent prefix) among `prefixes` columns; below the first column, the
+        first two columns' slope carries it down (a step with fewer attention pairs than any measured),
+        to at most half the first column's time."""
+        inside = tokens <= self.max_tokens * _EDGE and prefix <= prefixes[-1] * _EDGE
+        at = lambda i: float(self.curves[prefixes[i]](tokens))   # noqa: E731
+        if prefix >= prefixes[0] or len(prefixes) == 1:
+            value = lerp_rows(prefixes, min(max(prefix, prefixes[0]), prefixes[-1]), lambda i: np.float64(at(i)))
+            return float(value), inside
+        slope = (at(1) - at(0)) / (prefixes[1] - prefixes[0])
+        return max(at(0) - max(slope, 0.0) * (prefixes[0] - prefix), 0.5 * at(0)), inside

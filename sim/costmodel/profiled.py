@@ -1,0 +1,210 @@
+"""Profiled cost model: step times from the runtime's own measurements (`python run.py mode=profile`),
+falling back to the roofline, scaled to the nearest measured point, outside the grid. Torch-free.
+
+- decode-only steps: the graph table at the padded capture size when the runtime replays a graph
+  (batch <= cuda_graph_max_bs; None = every batch), else the eager table; batch x context per request.
+- steps with prefill: one sequence's new tokens x cached prefix, among the columns of the MLA form the
+  runtime picks for the step (runtime.core.mla_form). Several sequences are priced at the prefix that
+  gives one sequence the same attention pairs, times a correction measured on multi-sequence steps.
+  A mixed step is priced like that with its decodes as one-token extends (as the runtime runs them).
+- host time (what overlap hides): schedule + commit of the real Scheduler, from the host table.
+  Kernel launches are inside the measured device time (a step launched while the previous one runs).
+"""
+from __future__ import annotations
+
+import bisect
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from runtime.core.hardware import HardwareSpec
+from runtime.core.layout import ParallelLayout
+from runtime.core.mla_form import mla_attends_as_mha
+from runtime.core.model_spec import ModelSpec
+from sim.costmodel.base import CostModel, StepShape
+from sim.costmodel.profile_host import HostTable
+from sim.costmodel.profile_tables import (
+    Curve, DecodeTable, PrefillColumns, capture_batch_sizes, has_profile, lerp_rows, profile_dir,
+)
+
+FORMS = ("mha", "absorbed")
+
+
+class ProfiledCostModel:
+    """`fallback(model=, hardware=, layout=, cuda_graph_max_bs=)` builds the roofline used outside the
+    grid. `fallbacks` counts priced steps per kind that fell outside the grid; `num_priced` all of them."""
+
+    def __init__(self, model: ModelSpec, hardware: HardwareSpec, layout: ParallelLayout,
+                 fallback: Callable[..., CostModel], profile: str = "auto", cuda_graph: bool = True,
+                 cuda_graph_max_bs: int | None = None, default_graph_max_bs: int = 1024) -> None:
+        directory = profile_dir(hardware.name, model.name) if profile == "auto" else Path(profile)
+        if not has_profile(directory):
+            raise FileNotFoundError(f"no profile for {model.name} on {hardware.name} in {directory}: "
+                                    "run `python run.py mode=profile` there, or use costmodel=roofline")
+        if not layout.tp == layout.ep == layout.pp == 1 or layout.dp_attention:
+            raise ValueError("profiled cost model: the profile is of one GPU per replica (tp=ep=pp=1, "
+                             "no DP attention); use costmodel=roofline for this layout")
+        self.directory, self.model = directory, model
+        self.roofline = fallback(model=model, hardware=hardware, layout=layout, cuda_graph_max_bs=cuda_graph_max_bs)
+        decode = pd.read_csv(directory / "decode.csv")
+        self.graph = DecodeTable(decode[decode["path"] == "graph"]) if cuda_graph else DecodeTable(decode.iloc[:0])
+        self.eager = DecodeTable(decode[decode["path"] == "eager"])
+        limit = cuda_graph_max_bs if cuda_graph_max_bs is not None else default_graph_max_bs
+        self.graph_max_bs = limit if (cuda_graph and self.graph) else 0
+        self.capture_sizes = capture_batch_sizes(limit) if self.graph_max_bs else []
+        prefill = pd.read_csv(directory / "prefill.csv")
+        self.single = PrefillColumns(prefill[prefill["num_seqs"] == 1])
+        self.columns = self._form_columns()
+        self._multi = self._multi_factors(prefill[prefill["num_seqs"] > 1])
+        self.host = HostTable(pd.read_csv(directory / "host.csv")) if (directory / "host.csv").exists() else None
+        self.fallbacks = {"decode": 0, "prefill": 0}
+        self.num_priced = 0
+        self._prefill_cache: dict = {}
+
+    # -- CostModel ----------------------------------------------------------------------
+    def step_time_s(self, shape: StepShape) -> float:
+        return self.device_time_s(shape) + self.host_time_s(shape)
+
+    def host_time_s(self, shape: StepShape) -> float:
+        if self.host is None:
+            return self.roofline.host_time_s(shape)
+        return self.host.host_s(len(shape.extend_new_tokens), sum(shape.extend_new_tokens), shape.num_decode_reqs)
+
+    def decode_times_s(self, num_reqs: int, context_tokens: np.ndarray) -> np.ndarray:
+        host = self.host_time_s(StepShape(num_decode_reqs=num_reqs, decode_context_tokens=num_reqs))
+        return self._decode_s(num_reqs, np.asarray(context_tokens, dtype=np.float64)) + host
+
+    def breakdown_s(self, shape: StepShape) -> dict[str, float]:
+        return {"device": self.device_time_s(shape), "host": self.host_time_s(shape)}
+
+    def summary(self) -> dict:
+        """For the run summary: where the profile came from and how often the grid was left."""
+        return {"name": "profiled", "profile": str(self.directory), "num_priced_steps": self.num_priced,
+                "fallback_steps": dict(self.fallbacks),
+                "fallback_share": sum(self.fallbacks.values()) / self.num_priced if self.num_priced else 0.0}
+
+    # -- device time --------------------------------------------------------------------
+    def device_time_s(self, shape: StepShape) -> float:
+        if shape.is_decode_only:
+            return float(self._decode_s(shape.num_decode_reqs, np.array([float(shape.decode_context_tokens)]))[0])
+        if not shape.extend_new_tokens and not shape.num_decode_reqs:
+            return 0.0
+        key = (shape.extend_new_tokens, shape.extend_prefix_tokens, shape.num_decode_reqs, shape.decode_context_tokens)
+        cached = self._prefill_cache.get(key)
+        if cached is None:
+            cached = self._prefill_cache[key] = self._prefill_s(shape)
+        self.num_priced += 1
+        if not cached[1]:
+            self.fallbacks["prefill"] += 1
+        return cached[0]
+
+    def _decode_s(self, num_reqs: int, context: np.ndarray) -> np.ndarray:
+        self.num_priced += len(context)
+        table, batch = self.eager, num_reqs
+        if 0 < num_reqs <= self.graph_max_bs:
+            table = self.graph
+            i = bisect.bisect_left(self.capture_sizes, num_reqs)
+            batch = self.capture_sizes[i] if i < len(self.capture_sizes) else num_reqs
+            context = context + (batch - num_reqs)             # padding rows attend one token each
+        times, inside = table.lookup(batch, context)
+        if not inside.all():
+            self.fallbacks["decode"] += int((~inside).sum())
+            for j in np.flatnonzero(~inside):
+                times[j] = self._decode_fallback(table, batch, float(context[j]))
+        return times
+
+    def _decode_fallback(self, table: DecodeTable, batch: int, context: float) -> float:
+        """The roofline's decode time, scaled by measured / roofline at the nearest grid point."""
+        shape = StepShape(num_decode_reqs=batch, decode_context_tokens=int(max(context, batch)))
+        if not table:
+            return self._roofline_device_s(shape)
+        edge_batch, edge_context = table.edge(batch, context)
+        measured = float(table.lookup(edge_batch, np.array([edge_context]))[0][0])
+        edge = StepShape(num_decode_reqs=edge_batch, decode_context_tokens=int(max(edge_context, edge_batch)))
+        return self._roofline_device_s(shape) * measured / self._roofline_device_s(edge)
+
+    def _roofline_device_s(self, shape: StepShape) -> float:
+        return self.roofline.step_time_s(shape) - self.roofline.host_time_s(shape)
+
+    # -- prefill and mixed steps ----------------------------------------------------------
+    def _prefill_s(self, shape: StepShape) -> tuple[float, bool]:
+        """(seconds, inside the grid) of a step with extends (and decodes as one-token extends)."""
+        news = list(shape.extend_new_tokens) + [1] * shape.num_decode_reqs
+        decode_prefix = shape.decode_context_tokens - shape.num_decode_reqs    # their KV before the step
+        prefixes = list(shape.extend_prefix_tokens)
+        tokens = sum(news)
+        pairs = sum(n * (n + 1) / 2 + n * p for n, p in zip(shape.extend_new_tokens, prefixes))
+        pairs += shape.num_decode_reqs + decode_prefix
+        sum_prefix = sum(prefixes) + decode_prefix
+        seq_lens = [n + p for n, p in zip(shape.extend_new_tokens, prefixes)]
+        seq_lens.append(shape.decode_context_tokens)
+        form = self._form(prefixes + [decode_prefix] * bool(shape.num_decode_reqs), seq_lens)
+        p_eq = pairs / tokens - (tokens + 1) / 2
+        seconds, inside = self.single.lookup(tokens, p_eq, self.columns[form])
+        num_seqs = len(news)
+        if num_seqs > 1:
+            seconds *= self._multi_factor(num_seqs, tokens, sum_prefix / num_seqs)
+        if inside:
+            return seconds, True
+        return self._prefill_fallback(shape, tokens, p_eq, form), False
+
+    def _prefill_fallback(self, shape: StepShape, tokens: int, p_eq: float, form: str) -> float:
+        cols = self.columns[form]
+        edge_tokens = int(min(tokens, self.single.max_tokens))
+        edge_prefix = int(min(max(p_eq, 0), cols[-1]))
+        measured, _ = self.single.lookup(edge_tokens, edge_prefix, cols)
+        edge = StepShape((edge_tokens,), (edge_prefix,))
+        return self._roofline_device_s(shape) * measured / self._roofline_device_s(edge)
+
+    def _form(self, prefixes: list[int], seq_lens: list[int]) -> str:
+        if not self.model.is_mla:
+            return "mha"
+        return "mha" if mla_attends_as_mha(prefixes, seq_lens) else "absorbed"
+
+    def _form_columns(self) -> dict[str, list[int]]:
+        """Measured prefix columns per MLA form (a model without MLA has one form: every column)."""
+        by_form = {form: [] for form in FORMS}
+        for p in self.single.prefixes:
+            tokens = self.single.curves[p].xs[-1]
+            by_form[self._form([p], [int(p + tokens)])].append(p)
+        everything = list(self.single.prefixes)
+        return {form: cols or everything for form, cols in by_form.items()}
+
+    # -- several sequences per step ---------------------------------------------------------
+    def _multi_factors(self, rows: pd.DataFrame) -> list[tuple[int, "_FactorGrid"]]:
+        """Per measured sequence count: measured / single-sequence prediction at each multi point."""
+        levels = []
+        for seqs, group in sorted(rows.groupby("num_seqs"), key=lambda kv: kv[0]):
+            factors = []
+            for row in group.itertuples(index=False):
+                each = row.new_tokens // seqs
+                pairs = seqs * (each * (each + 1) / 2 + each * row.prefix_tokens)
+                p_eq = pairs / row.new_tokens - (row.new_tokens + 1) / 2
+                form = self._form([row.prefix_tokens] * seqs, [each + row.prefix_tokens] * seqs)
+                single, _ = self.single.lookup(row.new_tokens, p_eq, self.columns[form])
+                factors.append((row.new_tokens, row.prefix_tokens, row.device_s / single))
+            levels.append((int(seqs), _FactorGrid(pd.DataFrame(factors, columns=["tokens", "prefix", "factor"]))))
+        return levels
+
+    def _multi_factor(self, num_seqs: int, tokens: float, prefix: float) -> float:
+        """Correction at (sequences, tokens, mean prefix): bilinear within each measured sequence count
+        (clamped to its box), linear in log2(sequences) between counts, 1 at one sequence."""
+        keys = [0.0] + [float(np.log2(s)) for s, _ in self._multi]
+        values = [1.0] + [grid(tokens, prefix) for _, grid in self._multi]
+        return float(lerp_rows(keys, min(float(np.log2(num_seqs)), keys[-1]), lambda i: np.float64(values[i])))
+
+
+class _FactorGrid:
+    """factor(tokens, prefix) over one sequence count's measured points, clamped to their box."""
+
+    def __init__(self, level: pd.DataFrame) -> None:
+        self.prefixes = sorted(float(p) for p in level["prefix"].unique())
+        self.curves = [Curve(g["tokens"], g["factor"]) for _, g in sorted(level.groupby("prefix"), key=lambda kv: kv[0])]
+        self.max_tokens = max(c.max_x for c in self.curves)
+
+    def __call__(self, tokens: float, prefix: float) -> float:
+        t = min(tokens, self.max_tokens)
+        p = min(max(prefix, self.prefixes[0]), self.prefixes[-1])
+        return float(lerp_rows(self.prefixes, p, lambda i: self.curves[i](t)))
