@@ -105,8 +105,9 @@ def _points(section: str, cfg: DictConfig, core, runner, grid: Grid, limits: Lim
     elif section == "ops":
         from runtime.profile.ops import op_rows
         for tokens in grid.op_tokens:
-            yield "ops", dict(op="lm_head_sampler", num_tokens=tokens), \
-                lambda t=tokens: op_rows(runner, t, grid.repeats)
+            last = "lm_head_sampler" if tokens <= limits.max_batch else "moe_experts_balanced"
+            yield "ops", dict(op=last, num_tokens=tokens), \
+                lambda t=tokens: op_rows(runner, t, grid.repeats, limits.max_batch)
 
 
 def _decode_points(runner, grid: Grid, limits: Limits, graph_max_bs: int, vocab: int) -> Iterator[Point]:

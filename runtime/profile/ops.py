@@ -19,8 +19,9 @@ def balanced_ids(num_tokens: int, top_k: int, num_experts: int, device: torch.de
 
 
 @torch.no_grad()
-def op_rows(runner, num_tokens: int, repeats: int) -> list[dict]:
-    """Rows (op, num_tokens, device_s) for one token count."""
+def op_rows(runner, num_tokens: int, repeats: int, max_logit_rows: int) -> list[dict]:
+    """Rows (op, num_tokens, device_s) for one token count; the LM head + sampler only up to
+    `max_logit_rows` rows (a step samples one row per sequence: at most max_running_requests)."""
     model, device = runner.model, runner.device
     dtype = next(model.parameters()).dtype
     hidden = model.config.hidden_size
@@ -40,6 +41,8 @@ def op_rows(runner, num_tokens: int, repeats: int) -> list[dict]:
             _row("moe_experts_balanced", num_tokens,
                  time_op(lambda: moe.experts_fn(x, w13, w2, uniform, balanced), device, repeats)),
         ]
+    if num_tokens > max_logit_rows:
+        return rows
     params = [PROFILE_SAMPLING] * num_tokens
     positions = [0] * num_tokens
 

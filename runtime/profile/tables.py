@@ -67,13 +67,13 @@ def git_revision() -> str | None:
         return os.environ.get("TWINSERVE_GIT_REVISION")
 
 
-def write_meta(directory: Path, run: dict) -> dict:
-    """Append this run (its command, grid, device, versions, revision, date and `run`'s own fields)
-    to `<dir>/meta.json`; the file keeps every run that wrote rows into the tables."""
+def write_meta(directory: Path, run: dict, command: str | None = None) -> dict:
+    """Append this run (its command -- this process's unless given --, grid, device, versions, revision,
+    date and `run`'s own fields) to `<dir>/meta.json`; it keeps every run that wrote rows into the tables."""
     path = Path(directory) / "meta.json"
     meta = json.loads(path.read_text()) if path.exists() else {"runs": []}
     entry = {
-        "command": "python " + " ".join(sys.argv),
+        "command": command or "python " + " ".join(sys.argv),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "git_revision": git_revision(),
         "versions": {p: _version(p) for p in ("torch", "triton", "flashinfer-python", "numpy")},

@@ -1,0 +1,118 @@
+"""The fidelity workloads, run for real and simulated with the same overrides and seed: one model runner
+(weights, CUDA graphs, warm-up) serves every real run, each with a fresh scheduler, writing what
+`mode=real` writes (records, summary, predicted_s) plus step_shapes.parquet (every step's full shape, so
+any cost model can be scored later on the real plans). `--sim` runs `mode=sim` for each workload and cost
+model instead (no GPU).
+
+  python experiments/fidelity_runs.py --real --out /tmp/fidelity/real            # GPU
+  python experiments/fidelity_runs.py --sim --out /tmp/fidelity/sim              # CPU: profiled + roofline
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import pandas as pd
+from hydra.utils import instantiate
+
+from experiments.compose import compose_config
+from runtime.build import build_core
+from runtime.metrics import step_prediction_error, summarize
+from runtime.records_io import requests_frame, steps_frame, write_run
+from sim.costmodel.base import StepShape
+from sim.predictor import build_cost_model, step_predictor
+
+TRACES = Path(__file__).resolve().parents[1] / ".traces"      # heads of ../shared/data traces (carried to the GPU)
+RANDOM = ["workload=random"]
+WORKLOADS = {       # in the order the GPU job runs them
+    "shared_prefix_lpm": [],
+    "random_poisson_4rps": RANDOM + ["workload.request_rate=4", "workload.num_requests=200"],
+    "random_poisson_32rps": RANDOM + ["workload.request_rate=32", "workload.num_requests=400"],
+    "random_long_8k_2rps": RANDOM + ["workload.input_len=8000", "workload.output_len=256", "workload.range_ratio=0.5",
+                                     "workload.request_rate=2", "workload.num_requests=80"],
+    "shared_prefix_fcfs": ["policy=fcfs"],
+    "azure_conversation_300_4x": ["workload=azure", "workload.num_requests=300", "workload.time_scale=0.25",
+                                  f"workload.path={TRACES / 'azure_conv_head.csv'}"],
+    "mooncake_conversation_120": ["workload=mooncake_conversation", "workload.num_requests=120",
+                                  f"workload.path={TRACES / 'mooncake_conversation_head.jsonl'}"],
+}
+COST_MODELS = ("profiled", "roofline")
+QUIET = ["progress=false", "print_summary=false"]
+
+
+def shape_row(step_id: int, shape: StepShape) -> dict:
+    return {"step_id": step_id, "extend_new_tokens": list(shape.extend_new_tokens),
+            "extend_prefix_tokens": list(shape.extend_prefix_tokens), "num_decode_reqs": shape.num_decode_reqs,
+            "decode_context_tokens": shape.decode_context_tokens}
+
+
+def read_shapes(run_dir: Path) -> list[StepShape]:
+    frame = pd.read_parquet(Path(run_dir) / "step_shapes.parquet")
+    return [StepShape(tuple(int(x) for x in r.extend_new_tokens), tuple(int(x) for x in r.extend_prefix_tokens),
+                      int(r.num_decode_reqs), int(r.decode_context_tokens)) for r in frame.itertuples(index=False)]
+
+
+def run_real_workload(runner, overrides: list[str], out: Path) -> dict:
+    """One workload through `runner` with a fresh scheduler; `overrides` include any --base ones."""
+    from runtime.driver import RealDriver
+
+    cfg = compose_config(["mode=real", "costmodel=profiled"] + overrides + QUIET)
+    core = build_core(cfg)
+    predict = step_predictor(build_cost_model(cfg, core), overlap=bool(cfg.overlap))
+    shapes: list[dict] = []
+
+    def predict_and_keep(plan) -> float:
+        shapes.append(shape_row(plan.step_id, StepShape.from_plan(plan)))
+        return predict(plan)
+
+    started = time.perf_counter()
+    outcome = RealDriver(core.scheduler, runner, as_fast_as_possible=bool(cfg.real.as_fast_as_possible),
+                         progress=False, overlap=bool(cfg.overlap), predict=predict_and_keep).run(
+        instantiate(cfg.workload).requests())
+    requests, steps = requests_frame(outcome.requests), steps_frame(outcome.steps)
+    summary = summarize(requests, steps, mode="real", wall_time_s=time.perf_counter() - started)
+    summary.update(kv_capacity_tokens=core.kv_capacity_tokens, step_prediction_error=step_prediction_error(steps),
+                   overrides=overrides)
+    write_run(out, requests, steps, summary, plots=False)
+    pd.DataFrame(shapes).to_parquet(out / "step_shapes.parquet", index=False)
+    return summary
+
+
+def run_real(out: Path, names: list[str], base: list[str]) -> None:
+    from runtime.engine.build_runner import build_model_runner
+
+    cfg = compose_config(["mode=real"] + base + QUIET)
+    runner = build_model_runner(cfg, build_core(cfg))
+    print(f"runner: load {runner.load_time_s:.1f} s, warm-up {runner.warmup_s:.1f} s", flush=True)
+    for name in names:
+        s = run_real_workload(runner, base + WORKLOADS[name], out / name)
+        print(f"{name}: {s['num_finished']} req, {s['duration_s']:.1f} s, TTFT p50 {s['ttft_s']['p50']:.3f} s, "
+              f"TPOT mean {s['tpot_s']['mean']:.4f} s, step error {s['step_prediction_error']}", flush=True)
+
+
+def run_sims(out: Path, names: list[str], base: list[str]) -> None:
+    from sim.app import run_sim
+
+    for name in names:
+        for cost in COST_MODELS:
+            cfg = compose_config(["mode=sim", f"costmodel={cost}"] + base + WORKLOADS[name] + QUIET)
+            run_sim(cfg, out_dir=out / cost / name)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--real", action="store_true")
+    parser.add_argument("--sim", action="store_true")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--only", nargs="*", default=list(WORKLOADS))
+    parser.add_argument("--base", nargs="*", default=[], help="overrides for every run (e.g. a tiny CPU model)")
+    args = parser.parse_args()
+    if args.real:
+        run_real(args.out, args.only, args.base)
+    if args.sim:
+        run_sims(args.out, args.only, args.base)
+
+
+if __name__ == "__main__":
+    main()
