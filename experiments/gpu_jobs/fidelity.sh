@@ -5,7 +5,7 @@
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl 2>/dev/null || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
-OUT=${1:-${OUT:-/tmp/out}}
+OUT=${1:-${OUT:-/tmp/out}}; shift || true
 mkdir -p "$OUT" /tmp/fidelity
 python - <<'PY' 2>&1 | tail -2
 import json, os, torch
