@@ -1,0 +1,63 @@
+"""mode=profile on the tiny CPU model (smoke grid): it writes every table and meta.json, a second run
+resumes (measures nothing new), and costmodel=profiled prices steps from what it wrote."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+pytest.importorskip("torch")
+
+from experiments.compose import compose_config  # noqa: E402
+from runtime.build import build_core  # noqa: E402
+from runtime.profile.app import KEYS, run_profile  # noqa: E402
+from runtime.profile.grid import GRIDS, Limits, decode_points  # noqa: E402
+from sim.costmodel.base import StepShape  # noqa: E402
+from sim.costmodel.profiled import ProfiledCostModel  # noqa: E402
+from sim.costmodel.roofline import RooflineCostModel  # noqa: E402
+
+TINY = ["mode=profile", "model=tiny_mla_moe", "hardware=cpu", "real.device=cpu", "real.dtype=float32",
+        "progress=false", "profile.grid=smoke"]
+
+
+def test_profile_writes_resumable_tables_the_profiled_model_reads(tmp_path):
+    cfg = compose_config(TINY + [f"profile.out_dir={tmp_path}"])
+    first = run_profile(cfg)
+    grid = GRIDS["smoke"]
+    for name, keys in KEYS.items():
+        frame = pd.read_csv(tmp_path / f"{name}.csv")
+        assert set(keys) <= set(frame.columns) and len(frame) > 0, name
+        time_column = "host_s" if name == "host" else "device_s"
+        assert (frame[time_column] > 0).all(), name
+        assert not frame.duplicated(list(keys)).any(), name
+    decode = pd.read_csv(tmp_path / "decode.csv")
+    assert set(decode["path"]) == {"eager"}                    # no CUDA graphs on CPU
+    assert len(decode) == len(grid.eager_batches) * len(grid.eager_contexts)
+    host = pd.read_csv(tmp_path / "host.csv")
+    assert set(host["kind"]) == {"decode", "prefill"}
+    assert (host["host_s"] >= host["schedule_s"] + host["commit_s"]).all()
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    run = meta["runs"][-1]
+    assert run["grid"] == "smoke" and run["model"] == "tiny_mla_moe" and run["versions"]["torch"]
+    assert run["git_revision"] and run["date"] and "command" in run
+
+    again = run_profile(cfg)                                     # resumes: every point is already there
+    assert again == first and len(json.loads((tmp_path / "meta.json").read_text())["runs"]) == 2
+    assert json.loads((tmp_path / "meta.json").read_text())["runs"][-1]["points_measured"] == 0
+
+    core = build_core(compose_config(TINY))
+    model = ProfiledCostModel(core.model, core.hardware, core.layout, fallback=RooflineCostModel,
+                              profile=str(tmp_path))
+    step = StepShape(num_decode_reqs=4, decode_context_tokens=4 * 64)
+    assert model.step_time_s(step) > model.host_time_s(step) > 0
+    assert model.device_time_s(StepShape((64,), (0,))) > 0
+    assert model.fallbacks == {"decode": 0, "prefill": 0}
+
+
+def test_decode_points_fill_the_pool_and_stop_at_its_edge():
+    limits = Limits(kv_slots=10_000, max_context_tokens=4096, max_batch=64, max_new_tokens=8192)
+    points = decode_points((1, 8, 64, 128), (128, 1024, 8192), limits)
+    assert (1, 4095) in points and (1, 8192) not in points        # the context limit
+    assert (8, 1024) in points and (8, 1250) in points            # the pool: 10,000 slots / 8 requests
+    assert all(b <= 64 for b, _ in points) and all(b * c <= 10_000 for b, c in points)

@@ -1,0 +1,133 @@
+"""costmodel=profiled on a small committed profile (tests/sim/data/profile_small, formula values): exact
+at grid points, monotone between them, graph vs eager by the graph limit, roofline fallback (scaled at
+the grid edge, counted) outside the grid; costmodel=auto picks it only where a profile applies."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from hydra.utils import instantiate
+
+from experiments.compose import compose_config
+from runtime.build import build_core
+from runtime.core.layout import ParallelLayout
+from sim.costmodel.base import StepShape
+from sim.costmodel.profile_tables import capture_batch_sizes
+from sim.costmodel.profiled import ProfiledCostModel
+from sim.costmodel.roofline import RooflineCostModel
+
+SMALL = Path(__file__).parent / "data" / "profile_small"
+TINY = ["model=tiny_mla_moe", "hardware=cpu"]
+
+
+def small_model(**kw) -> ProfiledCostModel:
+    core = build_core(compose_config(TINY))
+    return ProfiledCostModel(core.model, core.hardware, core.layout, fallback=RooflineCostModel,
+                             profile=str(SMALL), **kw)
+
+
+def table(name: str) -> pd.DataFrame:
+    return pd.read_csv(SMALL / f"{name}.csv")
+
+
+def decode(model: ProfiledCostModel, batch: int, context_each: float) -> float:
+    return model.device_time_s(StepShape(num_decode_reqs=batch, decode_context_tokens=int(batch * context_each)))
+
+
+def test_grid_points_are_the_measurements():
+    model = small_model()
+    rows = table("decode")
+    for r in rows[rows["path"] == "graph"].itertuples():
+        assert decode(model, r.batch_size, r.context_tokens) == pytest.approx(r.device_s, rel=1e-9)
+    rows = table("prefill")
+    for r in rows[rows["num_seqs"] == 1].itertuples():
+        shape = StepShape((r.new_tokens,), (r.prefix_tokens,))
+        assert model.device_time_s(shape) == pytest.approx(r.device_s, rel=1e-9)
+    for r in rows[rows["num_seqs"] == 4].itertuples():        # the multi-sequence correction reproduces them
+        each = r.new_tokens // 4
+        shape = StepShape((each,) * 4, (r.prefix_tokens,) * 4)
+        assert model.device_time_s(shape) == pytest.approx(r.device_s, rel=1e-9)
+    assert model.fallbacks == {"decode": 0, "prefill": 0}
+
+
+def test_interpolation_is_monotone_in_each_dimension():
+    model = small_model()
+    contexts = np.linspace(16, 256, 41)
+    for batch in (1, 2, 3, 4, 9, 16):
+        times = [decode(model, batch, c) for c in contexts]
+        assert np.all(np.diff(times) >= -1e-15), batch
+    by_batch = [decode(model, b, 100) for b in range(1, 17)]
+    assert np.all(np.diff(by_batch) >= -1e-15)
+    tokens = [model.device_time_s(StepShape((t,), (0,))) for t in range(16, 257, 8)]
+    assert np.all(np.diff(tokens) > 0)
+    absorbed = [model.device_time_s(StepShape((64,), (p,))) for p in range(16, 65, 4)]
+    assert np.all(np.diff(absorbed) > 0)
+    # between grid points it stays within its two neighbours (no overshoot)
+    lo, hi = decode(model, 4, 64), decode(model, 4, 256)
+    assert lo < decode(model, 4, 150) < hi
+    assert model.fallbacks == {"decode": 0, "prefill": 0}
+
+
+def test_graph_batches_are_priced_at_their_padded_capture_size():
+    model = small_model()
+    assert capture_batch_sizes(16)[:6] == [1, 2, 4, 8, 12, 16]
+    # batch 3 replays the batch-4 graph (one padding row attending one token)
+    assert decode(model, 3, 64) == pytest.approx(model.graph.lookup(4, np.array([3 * 64 + 1.0]))[0][0])
+
+
+def test_graph_limit_switches_decode_to_the_eager_table():
+    graphs_to_4 = small_model(cuda_graph_max_bs=4)
+    eager = table("decode").query("path == 'eager' and batch_size == 16 and context_tokens == 64")["device_s"].item()
+    graph = table("decode").query("path == 'graph' and batch_size == 4 and context_tokens == 64")["device_s"].item()
+    assert decode(graphs_to_4, 16, 64) == pytest.approx(eager)
+    assert decode(graphs_to_4, 4, 64) == pytest.approx(graph)
+    assert decode(small_model(cuda_graph=False), 4, 64) > graph
+
+
+def test_outside_the_grid_it_falls_back_to_the_scaled_roofline_and_counts_it():
+    model = small_model()
+    inside = decode(model, 4, 256)
+    far = decode(model, 4, 4096)                                # 16x the largest measured context
+    assert model.fallbacks["decode"] == 1 and model.summary()["fallback_steps"]["decode"] == 1
+    roof = model.roofline
+    ratio = inside / (roof.step_time_s(StepShape(num_decode_reqs=4, decode_context_tokens=4 * 256))
+                      - roof.host_time_s(StepShape(num_decode_reqs=4, decode_context_tokens=4 * 256)))
+    far_roof = StepShape(num_decode_reqs=4, decode_context_tokens=4 * 4096)
+    assert far == pytest.approx(ratio * (roof.step_time_s(far_roof) - roof.host_time_s(far_roof)))
+    assert far > inside
+    model.device_time_s(StepShape((1024,), (0,)))               # 4x the largest measured prefill
+    assert model.fallbacks["prefill"] == 1
+    assert model.summary()["fallback_share"] == pytest.approx(2 / model.num_priced)
+
+
+def test_decode_runs_match_single_steps_and_host_time_is_added():
+    model = small_model()
+    contexts = np.array([64, 200, 1000, 60000])                  # the last one falls back
+    run = model.decode_times_s(4, contexts)
+    single = [model.step_time_s(StepShape(num_decode_reqs=4, decode_context_tokens=int(c))) for c in contexts]
+    np.testing.assert_allclose(run, single, rtol=1e-12)
+    host = model.host_time_s(StepShape(num_decode_reqs=4, decode_context_tokens=4))
+    assert host == pytest.approx(8e-5)                          # schedule + commit of the host table
+    assert model.breakdown_s(StepShape((64,), (0,)))["host"] > 0
+
+
+def test_auto_picks_the_profile_only_where_one_applies():
+    cfg = compose_config(["costmodel=auto"])
+    core = build_core(cfg)
+    chosen = instantiate(cfg.costmodel)(model=core.model, hardware=core.hardware, layout=core.layout)
+    assert isinstance(chosen, ProfiledCostModel)                 # committed: sim/profiles/h200/deepseek_v2_lite
+    tiny = compose_config(["costmodel=auto"] + TINY)
+    core = build_core(tiny)
+    assert isinstance(instantiate(tiny.costmodel)(model=core.model, hardware=core.hardware, layout=core.layout),
+                      RooflineCostModel)
+    core = build_core(compose_config(["tp=2"]))
+    assert isinstance(instantiate(cfg.costmodel)(model=core.model, hardware=core.hardware,
+                                                 layout=ParallelLayout(tp=2)), RooflineCostModel)
+
+
+def test_capture_grid_matches_the_runtime():
+    torch_runner = pytest.importorskip("runtime.engine.cuda_graph_runner")
+    for max_bs in (1, 7, 160, 1024):
+        assert capture_batch_sizes(max_bs) == torch_runner.capture_batch_sizes(max_bs)
