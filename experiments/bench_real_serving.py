@@ -65,12 +65,13 @@ def run_scenario(runner, base: list[str], overrides: list[str], overlap: bool, o
     return summary
 
 
-def engine_vs_driver(base: list[str], out: Path) -> dict:
-    """Engine.generate of 64 x (1000 in, 100 out) against the same specs through RealDriver."""
+def engine_vs_driver(runner, base: list[str]) -> dict:
+    """Engine.generate of 64 x (1000 in, 100 out) against the same specs through RealDriver, both on
+    the one runner (the Engine builds its runner with the same factory as mode=real)."""
     from runtime.engine.engine import Engine
 
     cfg = compose_config(base + ["progress=false"])
-    engine = Engine(cfg)
+    engine = Engine(cfg, runner=runner)
     specs = instantiate(compose_config(base + FIXED + ["workload.num_requests=64", "workload.input_len=1000",
                                                        "workload.output_len=100"]).workload).requests()
     prompts = [list(s.input_ids) for s in specs]
@@ -134,7 +135,7 @@ def main() -> None:
     kinds_df = pd.concat(kinds, ignore_index=True)
     kinds_df.to_csv(out / "step_roofline.csv", index=False)
     if args.engine:
-        e = engine_vs_driver(base, out)
+        e = engine_vs_driver(runner, base)
         (out / "engine_vs_driver.json").write_text(json.dumps(e, indent=2))
         print(f"Engine.generate {e['engine_generate_s']:.2f} s vs driver {e['driver_s']:.2f} s: {e['ratio']:.2f}x")
     print(serving.to_string(index=False, float_format=lambda x: f"{x:.2f}"))

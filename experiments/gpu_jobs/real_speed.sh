@@ -21,6 +21,8 @@ case "$mode" in
       cp "$WORK/models/$m/summary.json" "$OUT/summary_$m.json" 2>/dev/null
       python -m experiments.step_roofline "$WORK/models/$m" --model $m > "$OUT/step_roofline_$m.txt" 2>&1
     done ;;
+  engine) python experiments/bench_real_serving.py --out "$WORK/real_serving" --engine --only batch1_decode 2>&1 | grep -v "capture decode" | tail -6 ;;
+  gputest) timeout 300 python -m pytest -q -m gpu "$@" 2>&1 | tail -5 ;;
 esac
 cp "$WORK"/real_serving/*.csv "$WORK"/real_serving/*.json "$OUT"/ 2>/dev/null
 true

@@ -39,10 +39,12 @@ class Engine:
     """Holds one scheduler (so the radix cache stays warm across `generate` calls), one model
     runner and the tokenizer (`tokenizer.path` or the built-in byte tokenizer)."""
 
-    def __init__(self, cfg: DictConfig) -> None:
+    def __init__(self, cfg: DictConfig, runner=None) -> None:
+        """`runner`: an already built ModelRunner for the same model and KV capacity (benchmarks
+        sharing one GPU); default: build one exactly as mode=real does (fast path, graphs)."""
         self.cfg = cfg
         self.core = build_core(cfg)
-        self.runner = build_model_runner(cfg, self.core)    # the fast path and graphs of mode=real
+        self.runner = runner if runner is not None else build_model_runner(cfg, self.core)
         self._tokenizer: Tokenizer | None = None
         self._ids = itertools.count()
 
