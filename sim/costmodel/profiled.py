@@ -57,6 +57,7 @@ class ProfiledCostModel:
         prefill = pd.read_csv(directory / "prefill.csv")
         self.single = PrefillColumns(prefill[prefill["num_seqs"] == 1])
         self.columns = self._form_columns()
+        self.expand_s_per_token = self._expand_rate()
         self._multi = self._multi_factors(prefill[prefill["num_seqs"] > 1])
         self.host = HostTable(pd.read_csv(directory / "host.csv")) if (directory / "host.csv").exists() else None
         self.fallbacks = {"decode": 0, "prefill": 0}
@@ -141,14 +142,33 @@ class ProfiledCostModel:
         seq_lens = [n + p for n, p in zip(shape.extend_new_tokens, prefixes)]
         seq_lens.append(shape.decode_context_tokens)
         form = self._form(prefixes + [decode_prefix] * bool(shape.num_decode_reqs), seq_lens)
-        p_eq = pairs / tokens - (tokens + 1) / 2
-        seconds, inside = self.single.lookup(tokens, p_eq, self.columns[form])
+        seconds, inside = self._base_prefill_s(tokens, pairs, sum_prefix, form)
         num_seqs = len(news)
         if num_seqs > 1:
-            seconds *= self._multi_factor(num_seqs, tokens, sum_prefix / num_seqs)
+            seconds *= self._multi_factor(form, num_seqs, tokens, sum_prefix / num_seqs)
         if inside:
             return seconds, True
-        return self._prefill_fallback(shape, tokens, p_eq, form), False
+        return self._prefill_fallback(shape, tokens, pairs / tokens - (tokens + 1) / 2, form), False
+
+    def _base_prefill_s(self, tokens: int, pairs: float, sum_prefix: float, form: str) -> tuple[float, bool]:
+        """One sequence with the step's attention pairs (its equivalent prefix p_eq); in MHA form plus
+        the expansion of the summed prefix beyond p_eq (kv_b_proj over every cached token, each layer)."""
+        p_eq = pairs / tokens - (tokens + 1) / 2
+        seconds, inside = self.single.lookup(tokens, p_eq, self.columns[form])
+        if form == "mha" and self.model.is_mla:
+            seconds += self.expand_s_per_token * max(sum_prefix - max(p_eq, 0.0), 0.0)
+        return seconds, inside
+
+    def _expand_rate(self) -> float:
+        """Seconds per cached token a MHA-form step spends expanding the prefix: the slope along the
+        prefix of the fewest-new-tokens row (where attention pairs are negligible) up to the largest
+        MHA column; 0 without MLA or without such a column."""
+        cols = [p for p in self.columns["mha"] if p > 0]
+        if not self.model.is_mla or not cols or 0 not in self.single.curves:
+            return 0.0
+        tokens = float(self.single.curves[0].xs[0])
+        rise = float(self.single.curves[cols[-1]](tokens) - self.single.curves[0](tokens))
+        return max(rise, 0.0) / cols[-1]
 
     def _prefill_fallback(self, shape: StepShape, tokens: int, p_eq: float, form: str) -> float:
         cols = self.columns[form]
@@ -173,26 +193,28 @@ class ProfiledCostModel:
         return {form: cols or everything for form, cols in by_form.items()}
 
     # -- several sequences per step ---------------------------------------------------------
-    def _multi_factors(self, rows: pd.DataFrame) -> list[tuple[int, "_FactorGrid"]]:
-        """Per measured sequence count: measured / single-sequence prediction at each multi point."""
-        levels = []
-        for seqs, group in sorted(rows.groupby("num_seqs"), key=lambda kv: kv[0]):
-            factors = []
-            for row in group.itertuples(index=False):
-                each = row.new_tokens // seqs
-                pairs = seqs * (each * (each + 1) / 2 + each * row.prefix_tokens)
-                p_eq = pairs / row.new_tokens - (row.new_tokens + 1) / 2
-                form = self._form([row.prefix_tokens] * seqs, [each + row.prefix_tokens] * seqs)
-                single, _ = self.single.lookup(row.new_tokens, p_eq, self.columns[form])
-                factors.append((row.new_tokens, row.prefix_tokens, row.device_s / single))
-            levels.append((int(seqs), _FactorGrid(pd.DataFrame(factors, columns=["tokens", "prefix", "factor"]))))
+    def _multi_factors(self, rows: pd.DataFrame) -> dict[str, list[tuple[int, "_FactorGrid"]]]:
+        """Per MLA form and measured sequence count: measured / single-sequence prediction at each
+        multi-sequence point of that form (forms differ in what several sequences save or cost)."""
+        points: dict[tuple[str, int], list] = {}
+        for row in rows.itertuples(index=False):
+            seqs, each = int(row.num_seqs), row.new_tokens // row.num_seqs
+            pairs = seqs * (each * (each + 1) / 2 + each * row.prefix_tokens)
+            form = self._form([row.prefix_tokens] * seqs, [each + row.prefix_tokens] * seqs)
+            single, _ = self._base_prefill_s(row.new_tokens, pairs, seqs * row.prefix_tokens, form)
+            points.setdefault((form, seqs), []).append((row.new_tokens, row.prefix_tokens, row.device_s / single))
+        levels: dict[str, list] = {form: [] for form in FORMS}
+        for (form, seqs), factors in sorted(points.items(), key=lambda kv: kv[0][1]):
+            levels[form].append((seqs, _FactorGrid(pd.DataFrame(factors, columns=["tokens", "prefix", "factor"]))))
         return levels
 
-    def _multi_factor(self, num_seqs: int, tokens: float, prefix: float) -> float:
-        """Correction at (sequences, tokens, mean prefix): bilinear within each measured sequence count
-        (clamped to its box), linear in log2(sequences) between counts, 1 at one sequence."""
-        keys = [0.0] + [float(np.log2(s)) for s, _ in self._multi]
-        values = [1.0] + [grid(tokens, prefix) for _, grid in self._multi]
+    def _multi_factor(self, form: str, num_seqs: int, tokens: float, prefix: float) -> float:
+        """Correction at (sequences, tokens, mean prefix) from the points of the step's form: bilinear
+        within each measured sequence count (clamped to its box), linear in log2(sequences) between
+        counts, 1 at one sequence."""
+        levels = self._multi[form]
+        keys = [0.0] + [float(np.log2(s)) for s, _ in levels]
+        values = [1.0] + [grid(tokens, prefix) for _, grid in levels]
         return float(lerp_rows(keys, min(float(np.log2(num_seqs)), keys[-1]), lambda i: np.float64(values[i])))
 
 
