@@ -18,10 +18,12 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from runtime.config_schema import register_schemas
+from runtime.distributed.errors import RankFailed
 
 register_schemas()
 
-USER_ERRORS = (ValueError, FileNotFoundError)   # runtime.core.layout.LayoutError is a ValueError
+# runtime.core.layout.LayoutError is a ValueError; RankFailed names a rank that died in a multi-GPU run
+USER_ERRORS = (ValueError, FileNotFoundError, RankFailed)
 
 
 def user_error(err: BaseException | None) -> BaseException | None:

@@ -22,8 +22,9 @@ def run_real(cfg: DictConfig, out_dir: str | Path | None = None) -> dict:
 
     wall_start = time.perf_counter()
     core = build_core(cfg)
-    if core.layout.num_gpus != 1:
-        raise ValueError("mode=real runs one GPU for now (tp=ep=dp=pp=1)")
+    if core.layout.num_gpus != 1 or int(cfg.get("nnodes", 1)) > 1:   # one process per GPU (runtime/distributed)
+        from runtime.distributed.app import run_real_distributed
+        return run_real_distributed(cfg, out_dir)
     runner = build_model_runner(cfg, core)
     device, warmup_s = runner.device, runner.warmup_s
     specs = instantiate(cfg.workload).requests()

@@ -125,8 +125,23 @@ class ReqToTokenTable:
                 self._free.append(entry.row)
 
 
+@dataclass
+class HostBatch:
+    """The host half of a step's ForwardBatch: everything `BatchBuilder.to_device` needs, in plain
+    lists and arrays (picklable: the TP leader broadcasts it to the other ranks of its group)."""
+
+    new_ids: list[list[int]]        # per sequence; negative = a future-ring placeholder
+    prefix_lens: list[int]
+    new_slots: list                 # per sequence, the KV slots its new tokens write
+    is_decode: list[bool]
+    rows: np.ndarray                # int32 [B] slot-table row of each sequence
+    table_writes: np.ndarray        # int64 [3, W] (row, column, slot) updates of the slot table
+
+
 class BatchBuilder:
-    """StepPlan -> ForwardBatch with kv_indices gathered on the device from the slot table."""
+    """StepPlan -> ForwardBatch with kv_indices gathered on the device from the slot table. `host(plan)`
+    reads the plan and keeps the table's bookkeeping (the scheduling rank only); `to_device(batch)`
+    applies it to this device's table and builds the tensors (every rank)."""
 
     def __init__(self, num_rows: int, max_context_tokens: int, device: torch.device,
                  future: FutureTokens) -> None:
@@ -136,6 +151,9 @@ class BatchBuilder:
         self._use_triton = device.type == "cuda"
 
     def build(self, plan: StepPlan) -> ForwardBatch:
+        return self.to_device(self.host(plan))
+
+    def host(self, plan: StepPlan) -> HostBatch:
         new_ids, prefix_lens = [], []
         for item in plan.items:
             req, start, num_new = item.request, item.num_prefix_tokens, item.num_new_tokens
@@ -145,12 +163,16 @@ class BatchBuilder:
             new_ids.append(ids)
             prefix_lens.append(start)
         rows, writes = self.table.rows_for(plan)
-        self.table.apply(_to_device(writes, self.device))
-        rows_t = _to_device(rows, self.device)
-        fb = ForwardBatch._assemble(new_ids, prefix_lens, None, [it.new_slots for it in plan.items],
-                                    [it.is_decode for it in plan.items], self.device,
+        return HostBatch(new_ids, prefix_lens, [it.new_slots for it in plan.items],
+                         [it.is_decode for it in plan.items], rows, writes)
+
+    def to_device(self, batch: HostBatch) -> ForwardBatch:
+        self.table.apply(_to_device(batch.table_writes, self.device))
+        rows_t = _to_device(batch.rows, self.device)
+        fb = ForwardBatch._assemble(batch.new_ids, batch.prefix_lens, None, batch.new_slots, batch.is_decode,
+                                    self.device,
                                     device_kv_indices=lambda indptr, k, longest: self._kv_indices(rows_t, indptr, k, longest))
-        if any(ids and min(ids) < 0 for ids in new_ids):
+        if any(ids and min(ids) < 0 for ids in batch.new_ids):
             fb.input_ids = self.future.resolve(fb.input_ids)
         return fb
 

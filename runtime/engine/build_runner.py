@@ -9,6 +9,7 @@ from omegaconf import DictConfig
 
 from runtime.build import CoreComponents
 from runtime.core.memory_budget import slot_table_rows
+from runtime.distributed.sharding import SINGLE, ModelParallel
 from runtime.engine.fast_path import FastPathConfig
 from runtime.engine.model_runner import ModelRunner, resolve_device
 
@@ -27,10 +28,13 @@ def graph_max_batch_size(cfg: DictConfig) -> int:
     return int(value) if value is not None else int(cfg.scheduler.max_running_requests)
 
 
-def build_model_runner(cfg: DictConfig, core: CoreComponents, warmup: bool | None = None) -> ModelRunner:
+def build_model_runner(cfg: DictConfig, core: CoreComponents, warmup: bool | None = None,
+                       parallel: ModelParallel = SINGLE, device: str | None = None) -> ModelRunner:
     """A ModelRunner for `core` (its KV capacity, scheduler limits) as `cfg.real` asks; on CUDA it
-    also warms up the JIT kernels (`real.warmup`) and reports `runner.warmup_s`."""
-    device = resolve_device(cfg.real.device)
+    also warms up the JIT kernels (`real.warmup`) and reports `runner.warmup_s`. A rank of a
+    multi-process run passes its shard (`parallel`) and its own device (`cuda:<local rank>`); every
+    rank of a TP group builds, captures and warms up the same way (the collectives pair up)."""
+    device = resolve_device(device or cfg.real.device)
     pool_bytes = core.kv_capacity_tokens * core.model.kv_bytes_per_token(int(cfg.kv.dtype_bytes))
     if device.type == "cpu" and pool_bytes > CPU_POOL_LIMIT_BYTES:
         raise ValueError(f"a KV pool of {core.kv_capacity_tokens} tokens ({pool_bytes / 2**30:.1f} GiB) "
@@ -43,7 +47,7 @@ def build_model_runner(cfg: DictConfig, core: CoreComponents, warmup: bool | Non
                          dtype=cfg.real.dtype, load_format=load_format(cfg, core.model.path),
                          path=core.model.path, seed=int(cfg.seed), fast=fast,
                          max_running_requests=slot_table_rows(config) - 8,
-                         max_context_tokens=core.model.max_context_tokens)
+                         max_context_tokens=core.model.max_context_tokens, parallel=parallel)
     runner.warmup_s = 0.0
     if (cfg.real.warmup if warmup is None else warmup) and device.type == "cuda":
         chunk = int(cfg.scheduler.chunked_prefill_size)

@@ -6,19 +6,25 @@ Imports torch; never imported by runtime/core or sim/.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
+from dataclasses import dataclass
+from typing import Callable
 
+import numpy as np
 import torch
 
 from runtime.core.batch import StepPlan, StepResult
+from runtime.core.request import SamplingParams
+from runtime.distributed.sharding import SINGLE, ModelParallel
 from runtime.engine.fast_path import (
     FastPathConfig, enable_fast_path, mla_shape, torch_reference_experts, torch_reference_small_ops,
 )
-from runtime.engine.batch_builder import BatchBuilder, FutureTokens
+from runtime.engine.batch_builder import BatchBuilder, FutureTokens, HostBatch
 from runtime.engine.forward_batch import ForwardBatch
 from runtime.engine.kv_pool import create_kv_pool
-from runtime.engine.sampler import Sampler
+from runtime.engine.sampler import Sampler, is_greedy
 from runtime.models.config import ModelConfig
 from runtime.models.loader import build_model
 
@@ -38,16 +44,19 @@ class ModelRunner:
     def __init__(self, hf_config: dict, num_kv_slots: int, device: str = "auto", dtype: str = "bfloat16",
                  load_format: str = "dummy", path: str | None = None, seed: int = 0,
                  fast: FastPathConfig | None = None, max_running_requests: int = 1024,
-                 max_context_tokens: int | None = None) -> None:
+                 max_context_tokens: int | None = None, parallel: ModelParallel = SINGLE) -> None:
         """fast: None (default) = the torch reference everywhere; on CPU it is ignored either way.
-        max_running_requests / max_context_tokens size the request->slot table (rows, columns)."""
+        max_running_requests / max_context_tokens size the request->slot table (rows, columns).
+        parallel: this rank's shard of a tensor-/expert-parallel model (runtime.distributed); every rank
+        of the group builds the same runner and runs every step (`run`), the scheduling rank `launch`es."""
         if dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r}: expected one of {sorted(DTYPES)}")
         self.device = resolve_device(device)
         self.dtype = DTYPES[dtype]
         start = time.perf_counter()
-        self.model = build_model(hf_config, self.dtype, self.device, load_format, path, seed)
-        config = ModelConfig.from_hf(hf_config)
+        self.model = build_model(hf_config, self.dtype, self.device, load_format, path, seed, parallel)
+        config = rank_config(ModelConfig.from_hf(hf_config), self.model)
+        self.step_sender: Callable[[StepInputs], None] | None = None   # TP leader: hands each step to its peers
         self.attn_backend = None      # FastMLABackend when the fast path is on
         self.graphs = None            # CudaGraphRunner when decode graphs are captured
         if fast is not None and fast.enabled:
@@ -136,11 +145,38 @@ class ModelRunner:
         origin.record()
         return origin
 
+    def prepare(self, plan: StepPlan) -> StepInputs:
+        """The host half of a step (reads the plan, keeps the slot table's and the future ring's
+        bookkeeping): what `run` needs on every rank."""
+        rows = [i for i, it in enumerate(plan.items) if it.samples]
+        items = [plan.items[i] for i in rows]
+        sampling = [it.request.sampling for it in items]
+        return StepInputs(self.batches.host(plan), rows, self.future.reserve(len(rows)),
+                          None if all(map(is_greedy, sampling)) else sampling,
+                          [len(it.request.output_ids) for it in items])
+
+    @torch.no_grad()
+    def run(self, inputs: StepInputs) -> torch.Tensor:
+        """The device half: forward, sampling, sampled tokens into the future ring (where the next
+        step's inputs read them). Returns the token ids [S] on the device, without waiting for them.
+        Every rank of a TP group runs it on the same inputs: the logits are gathered whole on each, and
+        the samplers (same seed, same calls) draw the same tokens, so no rank waits for another's."""
+        logits = self.forward(self.batches.to_device(inputs.batch))       # [B, V]
+        rows = inputs.sample_rows
+        if not rows:
+            return torch.empty(0, dtype=torch.long, device=self.device)
+        sampling = inputs.sampling if inputs.sampling is not None else [GREEDY] * len(rows)
+        ids = self.sampler.sample(logits[rows] if len(rows) < logits.shape[0] else logits, sampling,
+                                  inputs.output_positions)
+        self.future.store(torch.from_numpy(inputs.ring).to(self.device, non_blocking=True), ids)
+        return ids
+
     @torch.no_grad()
     def launch(self, plan: StepPlan):
         """Enqueue the step (inputs, forward, sampling, token copy to the host) without waiting for
         the device; sampled tokens also land in the future ring, where the next step's inputs read
-        them. On CPU the step runs to completion here."""
+        them. On CPU the step runs to completion here. A TP leader hands the step's inputs to its
+        peers (`step_sender`) before running it itself."""
         from runtime.driver import FinishedStep
 
         host_start = time.perf_counter()
@@ -148,18 +184,11 @@ class ModelRunner:
         if cuda:
             start = torch.cuda.Event(enable_timing=True)
             start.record()
-        logits = self.forward(self.batches.build(plan))                  # [B, V]
-        rows = [i for i, it in enumerate(plan.items) if it.samples]
-        ring = self.future.reserve(len(rows))
-        placeholders = self.future.placeholders(ring)
-        if rows:
-            items = [plan.items[i] for i in rows]
-            ids = self.sampler.sample(logits[rows] if len(rows) < logits.shape[0] else logits,
-                                      [it.request.sampling for it in items],
-                                      [len(it.request.output_ids) for it in items])
-            self.future.store(torch.from_numpy(ring).to(self.device, non_blocking=True), ids)
-        else:
-            ids = torch.empty(0, dtype=torch.long, device=self.device)
+        inputs = self.prepare(plan)
+        if self.step_sender is not None:
+            self.step_sender(inputs)
+        ids = self.run(inputs)
+        placeholders = self.future.placeholders(inputs.ring)
         if not cuda:
             result = StepResult(next_token_ids=ids.tolist(), duration_s=time.perf_counter() - host_start)
             step = FinishedStep(result, host_start, time.perf_counter())
@@ -175,6 +204,31 @@ class ModelRunner:
     def execute(self, plan: StepPlan) -> StepResult:
         """launch + wait: one step, synchronously."""
         return self.launch(plan).wait()
+
+
+@dataclass
+class StepInputs:
+    """One step as every rank runs it (picklable). sampling: per sampled row, or None = all greedy."""
+
+    batch: HostBatch
+    sample_rows: list[int]          # rows of the batch that sample a token
+    ring: np.ndarray                # future-ring index of each sampled token
+    sampling: list[SamplingParams] | None
+    output_positions: list[int]     # per sampled row, len(request.output_ids)
+
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def rank_config(config: ModelConfig, model: torch.nn.Module) -> ModelConfig:
+    """The model config as this rank's KV pool sees it: GQA KV heads of its shard (MLA's latent KV is
+    whole on every rank)."""
+    from runtime.models.attention import Attention
+
+    layer = next((m for m in model.modules() if isinstance(m, Attention)), None)
+    if layer is None or layer.num_kv_heads == config.num_key_value_heads:
+        return config
+    return dataclasses.replace(config, num_key_value_heads=layer.num_kv_heads)
 
 
 class _CudaStep:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from runtime.distributed.sharding import SINGLE, ModelParallel, Piece, column_parallel_pieces, row_parallel
 from runtime.models.config import ModelConfig
 from runtime.models.layers import Linear, MergedLinear, SmallOps
 from runtime.models.rotary import apply_rotary
@@ -19,12 +20,17 @@ if TYPE_CHECKING:
 
 
 class Attention(nn.Module):
-    """q/k/v merged into one `qkv_proj` (HF q_proj, k_proj, v_proj are its shards 0, 1, 2)."""
+    """q/k/v merged into one `qkv_proj` (HF q_proj, k_proj, v_proj are its shards 0, 1, 2). Tensor
+    parallel: each rank keeps N / tp query heads and their KV heads (split, or one replicated head when
+    tp > Hkv); o_proj is row-parallel (a partial sum the decoder layer all-reduces)."""
 
-    def __init__(self, config: ModelConfig, layer_id: int, dtype: torch.dtype, device: torch.device | str):
+    def __init__(self, config: ModelConfig, layer_id: int, dtype: torch.dtype, device: torch.device | str,
+                 parallel: ModelParallel = SINGLE):
         super().__init__()
         self.layer_id = layer_id
-        self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.num_heads = parallel.local_heads(config.num_attention_heads)
+        kv_piece = parallel.kv_heads(config.num_key_value_heads)
+        self.num_kv_heads = kv_piece.local_size
         self.head_dim = config.head_dim
         self.interleaved = config.rope.interleaved
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -32,6 +38,11 @@ class Attention(nn.Module):
         self.qkv_proj = MergedLinear(config.hidden_size, [q_size, kv_size, kv_size], qkv_bias, dtype, device)
         self.o_proj = Linear(q_size, config.hidden_size, config.attention_bias, dtype, device)
         self.scale = self.head_dim ** -0.5
+        if parallel.sharded:
+            d = self.head_dim
+            kv = Piece(config.num_key_value_heads * d, kv_piece.pieces, kv_piece.index)
+            column_parallel_pieces(self.qkv_proj, parallel.piece(config.num_attention_heads * d), kv, kv)
+            row_parallel(self.o_proj, parallel, config.num_attention_heads * d)
 
     def forward(self, x: torch.Tensor, ctx: "StepContext") -> torch.Tensor:    # [T, H] -> [T, H]
         if ctx.ops is not None:

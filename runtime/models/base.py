@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from runtime.distributed.layers import VocabParallelEmbedding, gather_logits, vocab_parallel_lm_head
+from runtime.distributed.sharding import SINGLE, ModelParallel, shard_spec
 from runtime.engine.forward_batch import ForwardBatch
 from runtime.engine.kv_pool import KVPool
 from runtime.models.attention_backend import AttentionBackend, TorchAttentionBackend
@@ -41,19 +43,24 @@ class StepContext:
 
 
 class DecoderLayer(nn.Module):
-    """x + attn(norm(x)), then + mlp(norm(x))."""
+    """x + attn(norm(x)), then + mlp(norm(x)). Tensor parallel: attention and MLP end in a row-parallel
+    linear, so each returns a partial sum that is all-reduced here (twice per layer, as SGLang)."""
 
     def __init__(self, self_attn: nn.Module, mlp: nn.Module, config: ModelConfig,
-                 dtype: torch.dtype, device: torch.device | str):
+                 dtype: torch.dtype, device: torch.device | str, parallel: ModelParallel = SINGLE):
         super().__init__()
         self.self_attn, self.mlp = self_attn, mlp
         eps, hidden = config.rms_norm_eps, config.hidden_size
         self.input_layernorm = RMSNorm(hidden, eps, dtype, device)
         self.post_attention_layernorm = RMSNorm(hidden, eps, dtype, device)
+        self.comm = parallel.comm if parallel.sharded else None   # None: nothing to reduce (tp=1)
+
+    def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        return partial if self.comm is None else self.comm.all_reduce(partial)
 
     def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:   # [T, H] -> [T, H]
-        x = x + self.self_attn(self.input_layernorm(x), ctx)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x = x + self._reduce(self.self_attn(self.input_layernorm(x), ctx))
+        return x + self._reduce(self.mlp(self.post_attention_layernorm(x)))
 
     def forward_fused(self, x: torch.Tensor, residual: torch.Tensor | None, ctx: StepContext,
                       ops: SmallOps) -> tuple[torch.Tensor, torch.Tensor]:
@@ -64,33 +71,43 @@ class DecoderLayer(nn.Module):
             residual, h = x, ops.rmsnorm(x, self.input_layernorm)
         else:
             h, residual = ops.add_rmsnorm(x, residual, self.input_layernorm)
-        h, residual = ops.add_rmsnorm(self.self_attn(h, ctx), residual, self.post_attention_layernorm)
-        return self.mlp(h, ops), residual
+        h, residual = ops.add_rmsnorm(self._reduce(self.self_attn(h, ctx)), residual, self.post_attention_layernorm)
+        return self._reduce(self.mlp(h, ops)), residual
 
 
 class DecoderModel(nn.Module):
-    """HF's `model.` prefix: embed_tokens, layers, norm."""
+    """HF's `model.` prefix: embed_tokens (vocab-parallel when sharded), layers, norm."""
 
     def __init__(self, layers: list[DecoderLayer], config: ModelConfig,
-                 dtype: torch.dtype, device: torch.device | str):
+                 dtype: torch.dtype, device: torch.device | str, parallel: ModelParallel = SINGLE):
         super().__init__()
-        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype, device)
+        if parallel.sharded:
+            self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, dtype, device, parallel)
+        else:
+            self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype, device)
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
 
 
 class CausalLM(nn.Module):
-    """Subclasses build one layer in `make_layer` and list HF linears merged into one of ours in
-    `stacked_params`: (HF name fragment, our fragment, shard index)."""
+    """Subclasses build one layer in `make_layer` (passing `self.parallel` to its modules) and list HF
+    linears merged into one of ours in `stacked_params`: (HF name fragment, our fragment, shard index).
+    `parallel` (runtime.distributed.sharding): this rank's share of a tensor-/expert-parallel model; the
+    default is the whole model on one device."""
 
     stacked_params: tuple[tuple[str, str, int], ...] = ()
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str,
+                 parallel: ModelParallel = SINGLE):
         super().__init__()
         self.config, self.dtype, self.device = config, dtype, torch.device(device)
+        self.parallel = parallel
         layers = [self.make_layer(i) for i in range(config.num_hidden_layers)]
-        self.model = DecoderModel(layers, config, dtype, device)
-        self.lm_head = Linear(config.hidden_size, config.vocab_size, False, dtype, device)
+        self.model = DecoderModel(layers, config, dtype, device, parallel)
+        if parallel.sharded:
+            self.lm_head = vocab_parallel_lm_head(config.hidden_size, config.vocab_size, dtype, device, parallel)
+        else:
+            self.lm_head = Linear(config.hidden_size, config.vocab_size, False, dtype, device)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         rot_dim = config.qk_rope_head_dim if config.use_mla else config.head_dim
@@ -128,6 +145,8 @@ class CausalLM(nn.Module):
 
     @torch.no_grad()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:   # [B, H] -> [B, V] float32
+        if self.parallel.sharded:   # gathered in the model dtype (half the bytes of float32), then cast
+            return gather_logits(self.lm_head(hidden), self.parallel).float()
         return self.lm_head(hidden).float()
 
     def forward(self, fb: ForwardBatch, pool: KVPool) -> torch.Tensor:
@@ -171,6 +190,8 @@ class CausalLM(nn.Module):
             prefix, index, proj = expert.groups()
             experts: StackedExperts = modules[prefix]
             target = experts.load_hf(proj, None if index is None else int(index), tensor)
+            if target is None:  # an expert another rank holds
+                return []
             if index is None:   # fused tensor: every expert (and gate+up) at once
                 return [(f"{prefix}.{target}", key) for key in _expert_keys(experts, target)]
             return [(f"{prefix}.{target}", (int(index), proj))]
@@ -178,11 +199,16 @@ class CausalLM(nn.Module):
             if hf_frag in name:
                 ours = name.replace(hf_frag, our_frag)
                 module: MergedLinear = modules[ours.rsplit(".", 1)[0]]
-                _copy(module.shard(params[ours], shard), tensor, name)
+                spec = shard_spec(params[ours])
+                _copy(module.shard(params[ours], shard), spec.narrow_part(tensor, shard) if spec else tensor, name)
                 return [(ours, shard)]
         if name not in params:
             raise KeyError(f"checkpoint tensor {name} has no parameter in {type(self).__name__}")
-        _copy(params[name], tensor, name)
+        spec = shard_spec(params[name])
+        if spec is not None and tuple(tensor.shape) != spec.full_shape(params[name].shape):
+            raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != "
+                             f"{spec.full_shape(params[name].shape)} (before sharding)")
+        _copy(params[name], spec.narrow(tensor) if spec else tensor, name)
         return [(name, None)]
 
     def _expected_loads(self, modules: dict) -> set[tuple[str, object]]:
@@ -207,4 +233,4 @@ def _copy(dst: torch.Tensor, src: torch.Tensor, name: str) -> None:
 
 def _expert_keys(experts: StackedExperts, target: str) -> list[tuple[int, str]]:
     projs = ("gate_proj", "up_proj") if target == "w13" else ("down_proj",)
-    return [(e, p) for e in range(experts.w13.shape[0]) for p in projs]
+    return [(e, p) for e in experts.global_ids() for p in projs]

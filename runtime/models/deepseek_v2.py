@@ -15,12 +15,12 @@ class DeepseekV2ForCausalLM(CausalLM):
 
     def make_layer(self, layer_id: int) -> DecoderLayer:
         cfg, dtype, device = self.config, self.dtype, self.device
-        attn = MLAttention(cfg, layer_id, dtype, device)
+        attn = MLAttention(cfg, layer_id, dtype, device, self.parallel)
         if cfg.is_moe_layer(layer_id):
-            mlp = MoE(cfg, dtype, device)
+            mlp = MoE(cfg, dtype, device, parallel=self.parallel)
         else:
-            mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, dtype, device)
-        return DecoderLayer(attn, mlp, cfg, dtype, device)
+            mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, dtype, device, self.parallel)
+        return DecoderLayer(attn, mlp, cfg, dtype, device, self.parallel)
 
 
 class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):

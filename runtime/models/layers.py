@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from runtime.distributed.sharding import SINGLE, ModelParallel, column_parallel, row_parallel
+
 
 def empty_param(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
     # no init here: dummy init or a checkpoint fills it, directly on `device`
@@ -90,13 +92,19 @@ class SmallOps(Protocol):
 
 
 class GatedMLP(nn.Module):
-    """down(silu(gate x) * up x); gate and up merged into `gate_up_proj` [2I, H]."""
+    """down(silu(gate x) * up x); gate and up merged into `gate_up_proj` [2I, H]. With a sharded
+    `parallel` (runtime.distributed) each rank holds I / tp of the intermediate dim and returns a
+    partial sum (the decoder layer all-reduces it)."""
 
     def __init__(self, hidden: int, intermediate: int, bias: bool,
-                 dtype: torch.dtype, device: torch.device | str):
+                 dtype: torch.dtype, device: torch.device | str, parallel: ModelParallel = SINGLE):
         super().__init__()
-        self.gate_up_proj = MergedLinear(hidden, [intermediate, intermediate], bias, dtype, device)
-        self.down_proj = Linear(intermediate, hidden, bias, dtype, device)
+        local = parallel.part(intermediate, "intermediate_size")
+        self.gate_up_proj = MergedLinear(hidden, [local, local], bias, dtype, device)
+        self.down_proj = Linear(local, hidden, bias, dtype, device)
+        if parallel.sharded:
+            column_parallel(self.gate_up_proj, parallel, intermediate, intermediate)
+            row_parallel(self.down_proj, parallel, intermediate)
 
     def forward(self, x: torch.Tensor, ops: SmallOps | None = None) -> torch.Tensor:    # [T, H] -> [T, H]
         if ops is None:

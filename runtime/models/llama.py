@@ -11,6 +11,6 @@ class LlamaForCausalLM(CausalLM):
 
     def make_layer(self, layer_id: int) -> DecoderLayer:
         cfg, dtype, device = self.config, self.dtype, self.device
-        attn = Attention(cfg, layer_id, dtype, device)
-        mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, dtype, device)
-        return DecoderLayer(attn, mlp, cfg, dtype, device)
+        attn = Attention(cfg, layer_id, dtype, device, self.parallel)
+        mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, dtype, device, self.parallel)
+        return DecoderLayer(attn, mlp, cfg, dtype, device, self.parallel)

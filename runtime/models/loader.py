@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from runtime.distributed.sharding import SINGLE, ModelParallel, shard_spec
 from runtime.models.base import CausalLM
 from runtime.models.config import ModelConfig
 from runtime.models.deepseek_v2 import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
@@ -30,15 +31,17 @@ def build_model(
     load_format: str = "dummy",
     path: str | Path | None = None,
     seed: int = 0,
+    parallel: ModelParallel = SINGLE,
 ) -> CausalLM:
     """hf_config: config.json fields (None: read path/config.json). load_format: "dummy" (seeded,
-    initialised on `device`) or "safetensors" (from the local directory `path`)."""
+    initialised on `device`) or "safetensors" (from the local directory `path`). `parallel`: build this
+    rank's shard of a tensor-/expert-parallel model (either format gives it the tp=1 model's values)."""
     if hf_config is None:
         if path is None:
             raise ValueError("need hf_config or path")
         hf_config = json.loads((Path(path) / "config.json").read_text())
     config = ModelConfig.from_hf(hf_config)
-    model = MODEL_CLASSES[config.model_type](config, dtype, device)
+    model = MODEL_CLASSES[config.model_type](config, dtype, device, parallel)
     if load_format == "dummy":
         init_dummy_weights(model, seed)
     elif load_format == "safetensors":
@@ -54,15 +57,22 @@ def build_model(
 def init_dummy_weights(model: CausalLM, seed: int = 0) -> None:
     """Deterministic random weights, generated on the model's device: matrices ~ N(0, 1/fan_in) with
     fan_in = last dim (keeps activations O(1) through every layer), norms 1, biases 0,
-    e_score_correction_bias ~ U(0, 0.01)."""
+    e_score_correction_bias ~ U(0, 0.01). A sharded parameter draws its full tensor from the same
+    generator and keeps its piece, so every layout holds the values tp=1 holds."""
     gen = torch.Generator(device=model.device).manual_seed(seed)
     for name, param in model.named_parameters():
+        spec = shard_spec(param)
+        full = param if spec is None else torch.empty(spec.full_shape(param.shape), dtype=param.dtype,
+                                                      device=param.device)
         if name.endswith("e_score_correction_bias"):
-            param.uniform_(0.0, 0.01, generator=gen)
-        elif param.dim() == 1:
-            param.fill_(0.0 if name.endswith("bias") else 1.0)
+            full.uniform_(0.0, 0.01, generator=gen)
+        elif full.dim() == 1:
+            full.fill_(0.0 if name.endswith("bias") else 1.0)
         else:
-            param.normal_(0.0, param.shape[-1] ** -0.5, generator=gen)
+            full.normal_(0.0, full.shape[-1] ** -0.5, generator=gen)
+        if spec is not None:
+            param.copy_(spec.narrow(full))
+            del full
     model.post_load()
 
 

@@ -11,6 +11,8 @@ import torch
 from torch import nn
 
 from kernels.fused_moe.ref import fused_moe_ref
+from runtime.distributed.layers import local_expert_routing
+from runtime.distributed.sharding import SINGLE, ModelParallel, Piece, Split, annotate, shard_spec
 from runtime.models.config import ModelConfig
 from runtime.models.layers import GatedMLP, Linear, SmallOps, empty_param
 
@@ -108,25 +110,46 @@ class TopKRouter(nn.Module):
 
 
 class StackedExperts(nn.Module):
-    """All routed experts of a layer: w13 [E, 2I, H] (gate rows then up rows), w2 [E, H, I]."""
+    """The routed experts of a layer this rank holds: w13 [E, 2I, H] (gate rows then up rows), w2 [E, H, I].
+    Sharded (`parallel`): E = num_experts / ep whole experts starting at `first_expert`, each with
+    I = moe_intermediate_size / (tp / ep) of its intermediate dim."""
 
     def __init__(self, num_experts: int, hidden: int, inter: int,
-                 dtype: torch.dtype, device: torch.device | str):
+                 dtype: torch.dtype, device: torch.device | str, parallel: ModelParallel = SINGLE):
         super().__init__()
-        self.inter = inter
-        self.w13 = empty_param(num_experts, 2 * inter, hidden, dtype=dtype, device=device)
-        self.w2 = empty_param(num_experts, hidden, inter, dtype=dtype, device=device)
+        self.num_local = num_experts // parallel.ep_size
+        self.first_expert = parallel.ep_rank * self.num_local
+        self.inter_piece = Piece(inter, parallel.moe_tp_size, parallel.moe_tp_rank)
+        self.inter = inter = self.inter_piece.local_size
+        self.w13 = empty_param(self.num_local, 2 * inter, hidden, dtype=dtype, device=device)
+        self.w2 = empty_param(self.num_local, hidden, inter, dtype=dtype, device=device)
+        experts = Split(0, (Piece(num_experts, parallel.ep_size, parallel.ep_rank),))
+        piece = self.inter_piece
+        annotate(self.w13, experts, Split(1, (piece, piece)))
+        annotate(self.w2, experts, Split(2, (piece,)))
 
-    def load_hf(self, proj: str, expert: int | None, tensor: torch.Tensor) -> str:
-        """Copy an HF expert tensor in; returns the name of the parameter it filled.
-        Per expert (expert given): gate_proj/up_proj [I, H], down_proj [H, I]. Fused (expert
-        None): gate_up_proj [E, 2I, H] or [E, H, 2I], down_proj [E, H, I] or [E, I, H]."""
+    def global_ids(self) -> range:
+        """The experts (model-wide ids) this rank holds."""
+        return range(self.first_expert, self.first_expert + self.num_local)
+
+    def load_hf(self, proj: str, expert: int | None, tensor: torch.Tensor) -> str | None:
+        """Copy an HF expert tensor in (this rank's share of it); returns the name of the parameter it
+        filled, or None for an expert another rank holds. Per expert (expert given): gate_proj/up_proj
+        [I, H], down_proj [H, I]. Fused (expert None): gate_up_proj [E, 2I, H] or [E, H, 2I], down_proj
+        [E, H, I] or [E, I, H]."""
         inter = self.inter
         per_expert = expert is not None and proj in ("gate_proj", "up_proj", "down_proj")
         fused = expert is None and proj in ("gate_up_proj", "down_proj")
         if not (per_expert or fused):
             raise ValueError(f"unsupported expert tensor form: {proj} (expert {expert})")
         if expert is not None:
+            if expert not in self.global_ids():
+                return None
+            expert -= self.first_expert
+            piece = self.inter_piece
+            if piece.pieces > 1:   # this rank's rows of gate/up, columns of down
+                dim = 1 if proj == "down_proj" else 0
+                tensor = tensor.narrow(dim, piece.index * piece.local_size, piece.local_size)
             target = {"gate_proj": self.w13[expert, :inter], "up_proj": self.w13[expert, inter:],
                       "down_proj": self.w2[expert]}[proj]
             if tensor.shape != target.shape:
@@ -134,31 +157,39 @@ class StackedExperts(nn.Module):
             target.copy_(tensor)
             return "w13" if proj != "down_proj" else "w2"
         target = self.w13 if proj == "gate_up_proj" else self.w2
-        if tensor.shape != target.shape and tensor.transpose(1, 2).shape == target.shape:
+        spec = shard_spec(target)
+        full_shape = spec.full_shape(target.shape) if spec is not None else target.shape
+        if tensor.shape != full_shape and tensor.transpose(1, 2).shape == full_shape:
             tensor = tensor.transpose(1, 2)   # stored [E, in, out]; square shapes read as [E, out, in]
-        if tensor.shape != target.shape:
-            raise ValueError(f"expert {proj} shape {tuple(tensor.shape)} != {tuple(target.shape)}")
-        target.copy_(tensor)
+        if tensor.shape != full_shape:
+            raise ValueError(f"expert {proj} shape {tuple(tensor.shape)} != {tuple(full_shape)}")
+        target.copy_(spec.narrow(tensor) if spec is not None else tensor)
         return "w13" if proj == "gate_up_proj" else "w2"
 
 
 class MoE(nn.Module):
     """Routed experts + optional shared experts. `experts_fn` is the fused-MoE compute (torch ref by
-    default; the Triton kernel plugs in with the same signature)."""
+    default; the Triton kernel plugs in with the same signature). Sharded (`parallel`): the router is
+    whole on every rank, the routed experts are this rank's (runtime.distributed.layers.local_expert_routing
+    drops other ranks' pairs), shared experts are split tp ways like a dense MLP (each token's shared
+    expert computed once over the group); the output is a partial sum the decoder layer all-reduces."""
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str,
-                 experts_fn: MoEFn = fused_moe_ref):
+                 experts_fn: MoEFn = fused_moe_ref, parallel: ModelParallel = SINGLE):
         super().__init__()
         hidden = config.hidden_size
         self.gate = TopKRouter(config, dtype, device)
-        self.experts = StackedExperts(config.num_experts, hidden, config.moe_intermediate_size, dtype, device)
+        self.experts = StackedExperts(config.num_experts, hidden, config.moe_intermediate_size, dtype, device,
+                                      parallel)
+        self.expert_parallel = parallel.ep_size > 1
         self.experts_fn = experts_fn
         self.shared_experts = self.shared_expert = self.shared_expert_gate = None
         if config.n_shared_experts:            # DeepSeek: added as is
             self.shared_experts = GatedMLP(hidden, config.moe_intermediate_size * config.n_shared_experts,
-                                           config.mlp_bias, dtype, device)
+                                           config.mlp_bias, dtype, device, parallel)
         if config.shared_expert_intermediate_size:  # Qwen2-MoE: scaled by sigmoid(gate x)
-            self.shared_expert = GatedMLP(hidden, config.shared_expert_intermediate_size, False, dtype, device)
+            self.shared_expert = GatedMLP(hidden, config.shared_expert_intermediate_size, False, dtype, device,
+                                          parallel)
             self.shared_expert_gate = Linear(hidden, 1, False, dtype, device)
         self._fused_router_weight: torch.Tensor | None = None   # fast path: router (+ shared gate) in float32
 
@@ -166,6 +197,8 @@ class MoE(nn.Module):
         if ops is not None:
             return self._forward_fused(x, ops)
         topk_weights, topk_ids = self.gate(x)                    # [T, K], [T, K]
+        if self.expert_parallel:
+            topk_weights, topk_ids = self._local_routing(topk_weights, topk_ids)
         out = self.experts_fn(x, self.experts.w13, self.experts.w2, topk_weights, topk_ids)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
@@ -182,15 +215,20 @@ class MoE(nn.Module):
             topk_weights, topk_ids = self.gate(x, cached_f32=True)             # [T, K], [T, K]
         else:
             logits = x.float() @ self.fused_router_weight().t()                # [T, E + 1]
-            num_experts = self.experts.w13.shape[0]
+            num_experts = self.gate.weight.shape[0]                            # all experts (router rows)
             topk_weights, topk_ids = self.gate.select(logits[:, :num_experts])
             gate_logit = logits[:, num_experts:]                               # [T, 1] float32
+        if self.expert_parallel:
+            topk_weights, topk_ids = self._local_routing(topk_weights, topk_ids)
         out = self.experts_fn(x, self.experts.w13, self.experts.w2, topk_weights, topk_ids)
         if self.shared_experts is not None:
             out = self.shared_experts.forward_add(x, out, ops)
         if self.shared_expert is not None:
             out = self.shared_expert.forward_add_gated(x, out, ops, gate_logit)
         return out
+
+    def _local_routing(self, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return local_expert_routing(topk_weights, topk_ids, self.experts.first_expert, self.experts.num_local)
 
     def fused_router_weight(self) -> torch.Tensor:
         """[E (+1), H] float32, made once: the router weight, plus Qwen2-MoE's shared-expert gate row (the

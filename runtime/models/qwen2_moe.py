@@ -12,9 +12,9 @@ class Qwen2MoeForCausalLM(CausalLM):
 
     def make_layer(self, layer_id: int) -> DecoderLayer:
         cfg, dtype, device = self.config, self.dtype, self.device
-        attn = Attention(cfg, layer_id, dtype, device)
+        attn = Attention(cfg, layer_id, dtype, device, self.parallel)
         if cfg.is_moe_layer(layer_id):
-            mlp = MoE(cfg, dtype, device)
+            mlp = MoE(cfg, dtype, device, parallel=self.parallel)
         else:
-            mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, False, dtype, device)
-        return DecoderLayer(attn, mlp, cfg, dtype, device)
+            mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, False, dtype, device, self.parallel)
+        return DecoderLayer(attn, mlp, cfg, dtype, device, self.parallel)

@@ -1,0 +1,98 @@
+"""torch.distributed set-up of one rank: the process group, then per DP replica a TP group on the
+device backend (NCCL on GPU, gloo on CPU; the model's all-reduce and logits all-gather) and the same
+ranks on gloo for host messages (the step-plan broadcast), as SGLang keeps a CPU group beside each
+device group. Global rank = replica * tp + tp_rank; the TP leader (tp_rank 0) runs the scheduler.
+"""
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """What a spawned rank is told (picklable)."""
+
+    rank: int
+    world_size: int
+    local_rank: int               # index on its node: picks the GPU
+    tp: int
+    ep: int
+    dp: int
+    init_method: str              # tcp://host:port of the rendezvous
+    backend: str                  # nccl | gloo
+    device: str                   # cuda:<local_rank> | cpu
+    timeout_s: float              # collectives that wait longer fail (a peer hung or died)
+
+    @property
+    def replica(self) -> int:
+        return self.rank // self.tp
+
+    @property
+    def tp_rank(self) -> int:
+        return self.rank % self.tp
+
+    @property
+    def is_leader(self) -> bool:
+        return self.tp_rank == 0
+
+    @property
+    def leader_rank(self) -> int:
+        return self.replica * self.tp
+
+
+# newer torch's name for all_gather_into_tensor (the old one warns there)
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+class GroupComm:
+    """runtime.distributed.sharding.TPComm over one process group."""
+
+    def __init__(self, group: dist.ProcessGroup, size: int) -> None:
+        self.group, self.size = group, size
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(x, group=self.group)
+        return x
+
+    def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:   # [B, N] -> [B, size * N]
+        rows, cols = x.shape
+        out = torch.empty(self.size * rows, cols, dtype=x.dtype, device=x.device)   # [size * B, N]
+        _all_gather_single(out, x.contiguous(), group=self.group)
+        return out.view(self.size, rows, cols).permute(1, 0, 2).reshape(rows, self.size * cols)
+
+
+@dataclass
+class RankGroups:
+    info: RankInfo
+    device_group: dist.ProcessGroup     # the TP group on the device backend
+    cpu_group: dist.ProcessGroup        # the same ranks on gloo
+
+    def comm(self) -> GroupComm:
+        return GroupComm(self.device_group, self.info.tp)
+
+
+def init_rank_groups(info: RankInfo) -> RankGroups:
+    """Join the rendezvous and build every replica's TP groups (each rank takes part in creating all
+    of them, in the same order, as torch.distributed requires); returns this rank's."""
+    if info.device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(info.device))
+    timeout = datetime.timedelta(seconds=info.timeout_s)
+    dist.init_process_group(info.backend, init_method=info.init_method, rank=info.rank,
+                            world_size=info.world_size, timeout=timeout)
+    mine = None
+    for replica in range(info.dp):
+        ranks = list(range(replica * info.tp, (replica + 1) * info.tp))
+        device_group = dist.new_group(ranks, backend=info.backend, timeout=timeout)
+        cpu_group = dist.new_group(ranks, backend="gloo", timeout=timeout)
+        if replica == info.replica:
+            mine = RankGroups(info, device_group, cpu_group)
+    return mine
+
+
+def destroy() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,158 @@
+"""One rank of a multi-process `mode=real` run (the spawn target): join the process groups, build
+this rank's shard of the model runner, then either lead its TP group (scheduler + driver; each step's
+inputs broadcast to the group) or follow it (run every step the leader sends). Reports to the
+launching process through one queue: ("ready", rank, pid), ("finished", replica, n), ("done", rank,
+result) or ("error", rank, (type name, message, traceback)).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from runtime.distributed.groups import RankInfo
+
+USER_ERRORS = (ValueError, FileNotFoundError)
+
+
+@dataclass
+class RankTask:
+    info: RankInfo
+    cfg: dict                 # the run's config, resolved (workers have no Hydra context)
+    out_queue: Any            # rank -> launcher messages
+    inbox: Any = None         # launcher (router) -> a DP replica's leader: GO, RequestSpecs, END
+    cpu_threads: int = 1      # torch intra-op threads of a CPU rank (ranks share the node's cores)
+    collect_output_ids: bool = False   # leaders also return every request's generated tokens (tests)
+    specs: list | None = None # the requests to serve (dp=1); None = the config's workload
+
+
+@dataclass
+class LeaderResult:
+    """What a TP leader hands back: its replica's records and the run facts the summary reports."""
+
+    replica: int
+    requests: Any             # pandas DataFrame (requests.parquet rows)
+    steps: Any                # pandas DataFrame (steps.parquet rows)
+    facts: dict
+    output_ids: dict | None = None   # rid -> generated token ids (tests)
+
+
+def rank_main(task: RankTask) -> None:
+    """Spawn target. Never returns normally without having put "done" or "error" on the queue."""
+    _die_with_parent()
+    rank = task.info.rank
+    try:
+        task.out_queue.put(("done", rank, _run_rank(task)))
+    except BaseException as err:   # noqa: BLE001 -- reported to the launcher, then this rank exits 1
+        user = isinstance(err, USER_ERRORS)
+        task.out_queue.put(("error", rank, (type(err).__name__, str(err), traceback.format_exc(), user)))
+        task.out_queue.close()
+        task.out_queue.join_thread()
+        sys.exit(1)
+
+
+def _die_with_parent() -> None:
+    """No orphans: the kernel kills this rank if the launcher dies (Linux), and a watcher thread does
+    the same elsewhere."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)          # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def _run_rank(task: RankTask) -> LeaderResult | dict:
+    import torch
+    from omegaconf import OmegaConf
+
+    from runtime.build import build_core
+    from runtime.distributed.groups import destroy, init_rank_groups
+    from runtime.distributed.sharding import SINGLE, ModelParallel
+    from runtime.distributed.step_channel import STOP, StepChannel
+    from runtime.engine.build_runner import build_model_runner
+
+    info = task.info
+    if info.device == "cpu":   # ranks share the cores: intra-op threads beyond a share only spin
+        torch.set_num_threads(task.cpu_threads)
+    cfg = OmegaConf.create(task.cfg)
+    groups = init_rank_groups(info) if info.tp > 1 else None
+    parallel = ModelParallel(info.tp_rank, info.tp, info.ep, groups.comm()) if groups else SINGLE
+    core = build_core(cfg)            # every rank: KV capacity and table sizes; only the leader schedules
+    runner = build_model_runner(cfg, core, parallel=parallel, device=info.device)
+    task.out_queue.put(("ready", info.rank, os.getpid()))
+    channel = StepChannel(groups.cpu_group, info.leader_rank) if groups else None
+    try:
+        if not info.is_leader:
+            return {"steps": follow(runner, channel)}
+        if channel is not None:
+            runner.step_sender = channel.send
+        try:
+            return lead(task, cfg, core, runner, channel)
+        finally:
+            if channel is not None:
+                channel.send(STOP)
+    finally:
+        destroy()
+
+
+def follow(runner, channel) -> int:
+    """A TP rank other than the leader: run every step the leader broadcasts, until STOP."""
+    from runtime.distributed.step_channel import KEEPALIVE, STOP
+
+    steps = 0
+    while True:
+        message = channel.recv()
+        if message == STOP:
+            return steps
+        if message != KEEPALIVE:
+            runner.run(message)
+            steps += 1
+
+
+def lead(task: RankTask, cfg, core, runner, channel) -> LeaderResult:
+    """The TP leader: the scheduler and the real-time driver of one DP replica, over a replay of the
+    workload (dp=1) or the router's inbox (dp > 1)."""
+    from hydra.utils import instantiate
+
+    from runtime.app import leaked_slots
+    from runtime.distributed.sources import GO, InboxSource, KeepAliveSource
+    from runtime.distributed.step_channel import KEEPALIVE
+    from runtime.driver import RealDriver
+    from runtime.records_io import requests_frame, steps_frame
+    from runtime.request_source import ReplaySource
+    from sim.predictor import build_cost_model, step_predictor
+
+    info = task.info
+    predict = step_predictor(build_cost_model(cfg, core), overlap=bool(cfg.overlap))
+    driver = RealDriver(core.scheduler, runner, as_fast_as_possible=bool(cfg.real.as_fast_as_possible),
+                        progress=bool(cfg.progress) and info.dp == 1, overlap=bool(cfg.overlap), predict=predict)
+    if task.inbox is None:
+        specs = task.specs if task.specs is not None else instantiate(cfg.workload).requests()
+        source, total = ReplaySource(specs, all_at_once=driver.as_fast_as_possible, sleep=time.sleep), len(specs)
+    else:
+        report = lambda replica, n: task.out_queue.put(("finished", replica, n))   # noqa: E731
+        source, total = InboxSource(task.inbox, info.replica, report), None
+        if task.inbox.get() != GO:
+            raise RuntimeError(f"replica {info.replica}: expected the router's start message")
+    if channel is not None:
+        source = KeepAliveSource(source, lambda: channel.send(KEEPALIVE), info.timeout_s / 4)
+    outcome = driver.serve(source, total=total)
+    facts = dict(kv_capacity_tokens=core.kv_capacity_tokens, load_time_s=runner.load_time_s,
+                 warmup_s=runner.warmup_s, device=str(runner.device), leaked_kv_slots=leaked_slots(core.scheduler))
+    outputs = ({r.rid: list(r.output_ids) for r in outcome.requests}
+               if task.collect_output_ids else None)
+    return LeaderResult(info.replica, requests_frame(outcome.requests), steps_frame(outcome.steps), facts, outputs)
