@@ -1,0 +1,85 @@
+"""The fidelity error table from the runs of experiments/fidelity_runs.py: for every workload and cost
+model, compare_runs' errors of the simulation against the real run, plus each cost model's per-step error
+on the real plans themselves (the real run's step shapes priced as the simulator would, device part under
+overlap, against the measured step). Writes errors.csv and the compact steps/requests files the notebook
+plots. Torch-free.
+
+  python -m experiments.fidelity_table --real DIR/real --sim DIR/sim --out experiments/results/h200/fidelity
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from experiments.compare_runs import compare, per_request_latencies
+from experiments.compose import compose_config
+from experiments.fidelity_runs import COST_MODELS, WORKLOADS, read_shapes
+from runtime.build import build_core
+from runtime.records_io import read_run
+from sim.predictor import build_cost_model
+
+ROUND = 4
+
+
+def step_kind(steps: pd.DataFrame) -> pd.Series:
+    prefill, decode = steps["num_prefill_tokens"] > 0, steps["num_decode_requests"] > 0
+    return pd.Series(np.where(prefill & decode, "mixed", np.where(prefill, "prefill", "decode")), index=steps.index)
+
+
+def predict_real_plans(name: str, cost: str, real_dir: Path, overlap: bool = True) -> np.ndarray:
+    """Device time (overlap) or whole step the cost model gives each step the real run planned."""
+    cfg = compose_config(["mode=sim", f"costmodel={cost}"] + WORKLOADS[name])
+    model = build_cost_model(cfg, build_core(cfg))
+    shapes = read_shapes(real_dir)
+    return np.array([model.step_time_s(s) - (model.host_time_s(s) if overlap else 0.0) for s in shapes])
+
+
+def build(real_root: Path, sim_root: Path, names: list[str]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    rows, step_frames, request_frames = [], [], []
+    for name in names:
+        real_dir = real_root / name
+        if not (real_dir / "steps.parquet").exists():
+            continue
+        real_req, real_steps, _ = read_run(real_dir)
+        measured = (real_steps["end_s"] - real_steps["start_s"]).to_numpy()
+        steps = pd.DataFrame({"workload": name, "step_id": real_steps["step_id"], "kind": step_kind(real_steps),
+                              "batch_size": real_steps["batch_size"], "measured_s": measured})
+        lat = per_request_latencies(real_req).assign(rid=real_req["rid"])
+        request_frames.append(lat.assign(workload=name, source="real"))
+        for cost in COST_MODELS:
+            predicted = predict_real_plans(name, cost, real_dir)
+            steps[f"{cost}_s"] = predicted
+            err = np.abs(predicted / measured - 1.0)
+            row = {"workload": name, "costmodel": cost, **compare(sim_root / cost / name, real_dir),
+                   "real_plan_step_error_median": float(np.median(err)),
+                   "real_plan_step_error_p90": float(np.quantile(err, 0.9))}
+            rows.append(row)
+            sim_req, _, _ = read_run(sim_root / cost / name)
+            lat = per_request_latencies(sim_req).assign(rid=sim_req["rid"])
+            request_frames.append(lat.assign(workload=name, source=cost))
+        step_frames.append(steps)
+    return pd.DataFrame(rows), pd.concat(step_frames, ignore_index=True), pd.concat(request_frames, ignore_index=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--real", type=Path, required=True)
+    parser.add_argument("--sim", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--only", nargs="*", default=list(WORKLOADS))
+    args = parser.parse_args()
+    errors, steps, requests = build(args.real, args.sim, args.only)
+    args.out.mkdir(parents=True, exist_ok=True)
+    errors.round(ROUND).to_csv(args.out / "errors.csv", index=False)
+    steps.to_parquet(args.out / "steps.parquet", index=False)
+    requests.to_parquet(args.out / "requests.parquet", index=False)
+    cols = ["workload", "costmodel", "throughput", "ttft_p50", "ttft_p99", "tpot_mean", "real_plan_step_error_median",
+            "real_plan_step_error_p90", "plan_agreement"]
+    print(errors[cols].to_string(index=False, float_format=lambda x: f"{x:+.3f}"))
+
+
+if __name__ == "__main__":
+    main()
