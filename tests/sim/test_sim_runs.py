@@ -43,7 +43,8 @@ EXPECTATION_POLICIES = ("fcfs", "lpm")
 
 def expectation_run(tmp_path: Path, policy: str) -> dict:
     """The seeded run whose summary is stored under expected/ (a small pool: eviction, retraction)."""
-    summary, _ = simulate(tmp_path, policy, [f"policy={policy}", "kv.capacity_tokens=20000"])
+    # the stored summaries are of the roofline (the default, costmodel=auto, follows the committed profile)
+    summary, _ = simulate(tmp_path, policy, [f"policy={policy}", "kv.capacity_tokens=20000", "costmodel=roofline"])
     return _without_wall(summary)
 
 
