@@ -14,6 +14,7 @@ from runtime.build import build_core
 from runtime.metrics import format_summary, summarize
 from runtime.records_io import requests_frame, steps_frame, write_run
 from sim.driver import SimDriver
+from sim.gc_pause import gc_paused
 from sim.predictor import build_cost_model
 from sim.executor import SimExecutor
 
@@ -32,7 +33,8 @@ def run_sim(cfg: DictConfig, out_dir: str | Path | None = None) -> dict:
     driver = SimDriver(core.scheduler, executor, fast_forward=bool(cfg.sim.fast_forward),
                        max_run_steps=int(cfg.sim.max_run_steps), progress=bool(cfg.progress),
                        overlap=bool(cfg.overlap))
-    outcome = driver.run(specs)
+    with gc_paused():                      # the loop's garbage is short-lived; see sim/gc_pause.py
+        outcome = driver.run(specs)
     requests, steps = requests_frame(outcome.requests), steps_frame(outcome.steps)
     summary = summarize(requests, steps, mode="sim", wall_time_s=time.perf_counter() - wall_start)
     summary["kv_capacity_tokens"] = core.kv_capacity_tokens

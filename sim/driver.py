@@ -213,10 +213,10 @@ class SimDriver:
                     next_arrival = source.next_arrival_s()
                     run = self._overlap_run_times(plan, num_steps, t, prev_end, next_arrival)
                 if num_steps >= 2 and run is not None:
-                    starts, ends, resume_s = run
+                    starts, ends, resume_s, planned_s = run
                     yield from finish_last()
                     tokens = self.executor.decode_tokens(plan, len(ends))
-                    used = sched.commit_decode_run(plan, ends, tokens)
+                    used = sched.commit_decode_run(plan, ends, tokens, schedule_s=planned_s)
                     # a step is recorded when it resolves, after the next step's allocation (as stepping)
                     steps.record_decode_run(plan, starts[:-1], ends[:-1], used[1:], len(sched.waiting),
                                             len(sched.running))
@@ -239,7 +239,8 @@ class SimDriver:
         after the run is planned (the end of the run's second-to-last step). Step j of the run is
         planned at sched[j] (sched[0] = sched_s, sched[1] = prev_end_s, then the end of step j-2) and
         starts at max(end of step j-1, sched[j] + host). The run is cut so that no arrival falls at
-        or before any planning time inside it. None if fewer than two steps remain."""
+        or before any planning time inside it. Returns (starts, ends, resume time, planning times of
+        steps 1..k-1), or None if fewer than two steps remain."""
         durations = self.executor.decode_durations_s(plan, num_steps)
         host = self.executor.decode_host_s(plan)
         gpu = np.asarray(durations, dtype=np.float64) - host
@@ -256,4 +257,4 @@ class SimDriver:
             ends.append(end)
         if len(ends) < 2:
             return None
-        return starts, ends, ends[-2]
+        return starts, ends, ends[-2], sched[1:len(ends)]
