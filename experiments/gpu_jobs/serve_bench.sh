@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One device call: `python run.py mode=serve` (DeepSeek-V2-Lite, plain defaults) measured by
 # experiments/bench_serving.py at three request rates, then the same workload replayed by mode=real
-# (one runner, experiments/bench_real_serving.py --rates) for the HTTP-overhead comparison.
+# (one runner, experiments/bench_real_serving.py --rates) for the HTTP-overhead comparison
+# (SKIP_REPLAY=1 skips it). The server's dependencies (fastapi, uvicorn, pyzmq, prometheus_client)
+# must be among the carried wheels: pip download them for cp312 manylinux into .whl/.
 #   bash experiments/gpu_jobs/serve_bench.sh OUT
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl 2>/dev/null || exit 1
@@ -16,6 +18,8 @@ for r in $RATES; do
   cp $WORK/bench/rate_$r/summary.json $OUT/serve_rate_$r.json
 done
 kill -INT $S; wait $S
-python experiments/bench_real_serving.py --out $WORK/replay --rates $RATES --workload $W 2>&1 | grep -v "capture decode" | tail -12
-cp $WORK/replay/serving.csv $OUT/replay_serving.csv
+if [ -z "${SKIP_REPLAY:-}" ]; then
+  python experiments/bench_real_serving.py --out $WORK/replay --rates $RATES --workload $W 2>&1 | grep -v "capture decode" | tail -12
+  cp $WORK/replay/serving.csv $OUT/replay_serving.csv
+fi
 tail -5 $WORK/serve.log
