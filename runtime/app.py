@@ -28,7 +28,8 @@ def run_real(cfg: DictConfig, out_dir: str | Path | None = None) -> dict:
     runner = build_model_runner(cfg, core)
     device, warmup_s = runner.device, runner.warmup_s
     specs = instantiate(cfg.workload).requests()
-    predict = step_predictor(build_cost_model(cfg, core), overlap=bool(cfg.overlap))
+    cost_model = build_cost_model(cfg, core)
+    predict = step_predictor(cost_model, overlap=bool(cfg.overlap))
     driver = RealDriver(core.scheduler, runner, as_fast_as_possible=bool(cfg.real.as_fast_as_possible),
                         progress=bool(cfg.progress), overlap=bool(cfg.overlap), predict=predict)
     outcome = driver.run(specs)
@@ -37,6 +38,8 @@ def run_real(cfg: DictConfig, out_dir: str | Path | None = None) -> dict:
     summary.update(kv_capacity_tokens=core.kv_capacity_tokens, load_time_s=runner.load_time_s, warmup_s=warmup_s,
                    device=str(device), leaked_kv_slots=leaked_slots(core.scheduler),
                    step_prediction_error=step_prediction_error(steps))
+    if hasattr(cost_model, "summary"):           # the predicting model's own account (profiled: fallbacks)
+        summary["costmodel"] = cost_model.summary()
     write_run(out_dir or cfg.output_dir, requests, steps, summary)
     if cfg.print_summary:
         print(format_summary(summary))
