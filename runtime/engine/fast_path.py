@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from runtime.core.mla_form import mla_attends_as_mha
-from runtime.engine.forward_batch import ForwardBatch
+from runtime.engine.forward_batch import ForwardBatch, cpu_int32 as _cpu_int32, indptr as _indptr
 from runtime.engine.gqa_backend import FastGQABackend, choose_gqa_kernel, gqa_shape
 from runtime.engine.kv_pool import MHAKVPool, MLAKVPool
 from runtime.models.attention_backend import TorchAttentionBackend
@@ -88,16 +88,6 @@ def never_mha(prefix_lens: Sequence[int], seq_lens: Sequence[int]) -> bool:
     """An mha_rule keeping every MLA step in absorbed form (benchmarks, tests)."""
     return False
 
-
-def _cpu_int32(values: list[int]) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.int32)
-
-
-def _indptr(lengths: list[int]) -> list[int]:
-    out = [0]
-    for n in lengths:
-        out.append(out[-1] + n)
-    return out
 
 
 class FastMLABackend:

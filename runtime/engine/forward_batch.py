@@ -170,3 +170,16 @@ def _to_device(array: np.ndarray, device: torch.device | str) -> torch.Tensor:
     if torch.device(device).type != "cuda":
         return tensor.to(device)
     return tensor.pin_memory().to(device, non_blocking=True)
+
+
+def cpu_int32(values: list[int]) -> torch.Tensor:
+    """A small host list as the int32 CPU tensor FlashInfer's planners take."""
+    return torch.tensor(values, dtype=torch.int32)
+
+
+def indptr(lengths: list[int]) -> list[int]:
+    """CSR offsets [0, l0, l0 + l1, ...] of per-sequence lengths (host)."""
+    out = [0]
+    for n in lengths:
+        out.append(out[-1] + n)
+    return out

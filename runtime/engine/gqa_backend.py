@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from runtime.engine.forward_batch import ForwardBatch
+from runtime.engine.forward_batch import ForwardBatch, cpu_int32 as _cpu_int32, indptr as _indptr
 from runtime.engine.kv_pool import MHAKVPool, MLAKVPool
 from runtime.models.attention import Attention
 
@@ -55,16 +55,6 @@ def choose_gqa_kernel(requested: str, shape: GQAShape) -> str:
         warnings.warn("FlashInfer GQA unavailable for this model/dtype; using the Triton attention kernel")
     return "flashinfer" if usable else "triton"
 
-
-def _cpu_int32(values: list[int]) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.int32)
-
-
-def _indptr(lengths: list[int]) -> list[int]:
-    out = [0]
-    for n in lengths:
-        out.append(out[-1] + n)
-    return out
 
 
 class FastGQABackend:

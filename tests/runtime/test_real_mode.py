@@ -68,14 +68,19 @@ def test_replayed_step_times_reproduce_the_real_plans(capacity, overlap):
     assert sim.steps.columns["num_retractions"] == real.steps.columns["num_retractions"]
 
 
+def cpu_core_and_runner(cfg):
+    """A fresh scheduler and an fp32 CPU runner for it."""
+    core = build_core(cfg)
+    return core, ModelRunner(dict(core.model.hf_config), core.kv_capacity_tokens, device="cpu", dtype="float32")
+
+
 def test_warmup_leaves_serving_unchanged():
     """Warm-up writes KV only into slots nobody owns yet: the same requests give the same tokens."""
     cfg = compose_config(["mode=real"] + TINY + ["kv.capacity_tokens=4000"])
     specs = all_at_once(instantiate(cfg.workload).requests())
     outputs = []
     for warm in (False, True):
-        core = build_core(cfg)
-        runner = ModelRunner(dict(core.model.hf_config), core.kv_capacity_tokens, device="cpu", dtype="float32")
+        core, runner = cpu_core_and_runner(cfg)
         if warm:
             assert runner.warmup([300, 64]) > 0
         done = RealDriver(core.scheduler, runner.execute, progress=False).run(specs)
@@ -124,8 +129,7 @@ def test_overlap_gives_the_same_greedy_tokens():
     specs = all_at_once(instantiate(cfg.workload).requests())
     outputs = []
     for overlap in (False, True):
-        core = build_core(cfg)
-        runner = ModelRunner(dict(core.model.hf_config), core.kv_capacity_tokens, device="cpu", dtype="float32")
+        core, runner = cpu_core_and_runner(cfg)
         done = RealDriver(core.scheduler, runner, progress=False, overlap=overlap).run(specs)
         outputs.append({r.rid: r.output_ids for r in done.requests})
         assert leaked_slots(core.scheduler) == 0
