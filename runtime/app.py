@@ -8,7 +8,7 @@ from pathlib import Path
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from runtime.build import build_core
+from runtime.build import build_core, check_workload_fits, describe
 from runtime.driver import RealDriver
 from runtime.metrics import format_summary, step_prediction_error, summarize
 from runtime.records_io import requests_frame, steps_frame, write_run
@@ -28,6 +28,9 @@ def run_real(cfg: DictConfig, out_dir: str | Path | None = None) -> dict:
     runner = build_model_runner(cfg, core)
     device, warmup_s = runner.device, runner.warmup_s
     specs = instantiate(cfg.workload).requests()
+    check_workload_fits(core, specs)
+    if cfg.print_summary:
+        print(describe(core))
     cost_model = build_cost_model(cfg, core)
     predict = step_predictor(cost_model, overlap=bool(cfg.overlap))
     driver = RealDriver(core.scheduler, runner, as_fast_as_possible=bool(cfg.real.as_fast_as_possible),

@@ -87,3 +87,24 @@ def build_replica_cores(cfg: DictConfig) -> list[CoreComponents]:
     rest = [replace(first, scheduler=build_scheduler(cfg, first.model, first.kv_capacity_tokens))
             for _ in range(first.layout.dp - 1)]
     return [first, *rest]
+
+
+def describe(core: CoreComponents) -> str:
+    """One line a run prints before it starts: the layout and KV capacity it chose."""
+    lay = core.layout
+    extra = " dp_attention" if lay.dp_attention else ""
+    return (f"{core.model.name} on {core.hardware.name}: tp={lay.tp} ep={lay.ep} dp={lay.dp} pp={lay.pp}{extra}, "
+            f"KV capacity {core.kv_capacity_tokens:,} tokens per replica")
+
+
+def check_workload_fits(core: CoreComponents, specs) -> None:
+    """Fail before any work when no request of the workload can ever run (every prompt longer than
+    the KV pool or the model's context): such a run would only abort requests."""
+    if not specs:
+        raise ValueError("the workload has no requests")
+    shortest = min(len(s.input_ids) for s in specs)
+    limit = min(core.kv_capacity_tokens, core.model.max_context_tokens)
+    if shortest + 1 > limit:
+        raise ValueError(f"no request can run: the shortest prompt has {shortest} tokens but the KV pool holds "
+                         f"{core.kv_capacity_tokens} (kv.capacity_tokens) and the context {core.model.max_context_tokens}; "
+                         "raise kv.capacity_tokens or shorten the workload's prompts")

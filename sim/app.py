@@ -10,7 +10,7 @@ from pathlib import Path
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from runtime.build import build_core
+from runtime.build import build_core, check_workload_fits, describe
 from runtime.metrics import format_summary, summarize
 from runtime.records_io import requests_frame, steps_frame, write_run
 from sim.driver import SimDriver
@@ -30,6 +30,9 @@ def run_sim(cfg: DictConfig, out_dir: str | Path | None = None) -> dict:
     cost_model = build_cost_model(cfg, core)
     executor = SimExecutor(cost_model, vocab_size=core.model.vocab_size)
     specs = instantiate(cfg.workload).requests()
+    check_workload_fits(core, specs)
+    if cfg.print_summary:
+        print(describe(core))
     driver = SimDriver(core.scheduler, executor, fast_forward=bool(cfg.sim.fast_forward),
                        max_run_steps=int(cfg.sim.max_run_steps), progress=bool(cfg.progress),
                        overlap=bool(cfg.overlap))
