@@ -8,7 +8,7 @@ from pathlib import Path
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from runtime.build import build_core, check_workload_fits, describe
+from runtime.build import build_core, check_workload_fits, describe, leaked_slots
 from runtime.driver import RealDriver
 from runtime.metrics import format_summary, step_prediction_error, summarize
 from runtime.records_io import requests_frame, steps_frame, write_run
@@ -47,9 +47,3 @@ def run_real(cfg: DictConfig, out_dir: str | Path | None = None) -> dict:
     if cfg.print_summary:
         print(format_summary(summary))
     return summary
-
-
-def leaked_slots(scheduler) -> int:
-    """Slots neither free nor held by the radix cache once every request has ended (must be 0)."""
-    alloc, cache = scheduler.kv.allocator, scheduler.kv.cache
-    return alloc.capacity_slots - alloc.num_free_slots - cache.total_size()

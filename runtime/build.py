@@ -108,3 +108,9 @@ def check_workload_fits(core: CoreComponents, specs) -> None:
         raise ValueError(f"no request can run: the shortest prompt has {shortest} tokens but the KV pool holds "
                          f"{core.kv_capacity_tokens} (kv.capacity_tokens) and the context {core.model.max_context_tokens}; "
                          "raise kv.capacity_tokens or shorten the workload's prompts")
+
+
+def leaked_slots(scheduler) -> int:
+    """Slots neither free nor held by the radix cache once every request has ended (must be 0)."""
+    alloc, cache = scheduler.kv.allocator, scheduler.kv.cache
+    return alloc.capacity_slots - alloc.num_free_slots - cache.total_size()

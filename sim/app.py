@@ -10,7 +10,7 @@ from pathlib import Path
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from runtime.build import build_core, check_workload_fits, describe
+from runtime.build import build_core, check_workload_fits, describe, leaked_slots
 from runtime.metrics import format_summary, summarize
 from runtime.records_io import requests_frame, steps_frame, write_run
 from sim.driver import SimDriver
@@ -41,6 +41,7 @@ def run_sim(cfg: DictConfig, out_dir: str | Path | None = None) -> dict:
     requests, steps = requests_frame(outcome.requests), steps_frame(outcome.steps)
     summary = summarize(requests, steps, mode="sim", wall_time_s=time.perf_counter() - wall_start)
     summary["kv_capacity_tokens"] = core.kv_capacity_tokens
+    summary["leaked_kv_slots"] = leaked_slots(core.scheduler)     # the end-of-run check of both modes
     if hasattr(cost_model, "summary"):           # e.g. the profiled model's fallback count
         summary["costmodel"] = cost_model.summary()
     write_run(out_dir or cfg.output_dir, requests, steps, summary)

@@ -110,6 +110,7 @@ def test_overlap_hides_host_time_and_notices_finishes_one_step_later(tmp_path):
     off, dir_off = simulate(tmp_path, "off", overrides + ["overlap=false"])
     steps_on, steps_off = pd.read_parquet(dir_on / "steps.parquet"), pd.read_parquet(dir_off / "steps.parquet")
     assert on["duration_s"] < off["duration_s"]
+    assert on["leaked_kv_slots"] == off["leaked_kv_slots"] == 0      # the end-of-run check of both modes
     assert steps_on["num_decode_requests"].sum() > steps_off["num_decode_requests"].sum()
     req_on = pd.read_parquet(dir_on / "requests.parquet")
     assert (req_on["output_tokens"] == 16).all() and (req_on["finish_reason"] == "length").all()
