@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import csv
 import statistics
-import time
 from pathlib import Path
 
 from hydra.utils import instantiate

@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 
 import httpx
-import numpy as np
 import pandas as pd
 from hydra.utils import instantiate
 

@@ -16,7 +16,7 @@ import gc
 import torch
 from torch import nn
 
-from runtime.engine.fast_path import FastMLABackend, MLAShape
+from runtime.engine.fast_path import MLAShape
 from runtime.engine.forward_batch import ForwardBatch
 from runtime.engine.kv_pool import MLAKVPool
 

@@ -19,7 +19,7 @@ from runtime.core.batch import StepPlan, StepResult
 from runtime.core.request import SamplingParams
 from runtime.distributed.sharding import SINGLE, ModelParallel
 from runtime.engine.fast_path import (
-    FastPathConfig, enable_fast_path, mla_shape, torch_reference_experts, torch_reference_small_ops,
+    FastPathConfig, enable_fast_path, torch_reference_experts, torch_reference_small_ops,
 )
 from runtime.engine.batch_builder import BatchBuilder, FutureTokens, HostBatch
 from runtime.engine.forward_batch import ForwardBatch

@@ -3,7 +3,6 @@ static buffers hold after a padded fill (padding rows only ever touch the dummy 
 from __future__ import annotations
 
 import pytest
-import torch
 
 from runtime.engine.cuda_graph_runner import (
     DecodeGraphInputs, capture_batch_sizes, padded_batch_size, padded_kv_indptr,
