@@ -55,6 +55,7 @@ class RealSchema:
     fast_path: bool = True               # CUDA only: FlashInfer/Triton MLA + Triton fused MoE
     cuda_graph: bool = True              # CUDA only, needs fast_path and an MLA model: decode graphs
     cuda_graph_max_bs: Optional[int] = None   # largest captured decode batch; null = scheduler.max_running_requests
+    dist_timeout_s: float = 600.0        # tp/dp > 1: a collective waiting longer fails (a peer hung); idle leaders ping
 
 
 @dataclass
@@ -104,6 +105,9 @@ class RunConfig:
     dp: int = 1
     pp: int = 1
     dp_attention: bool = False    # SGLang --enable-dp-attention (dp attention ranks inside tp)
+    nnodes: int = 1               # mode=real over several machines: each runs its share of the tp * dp ranks
+    node_rank: int = 0
+    dist_init_addr: Optional[str] = None   # HOST:PORT of node 0's rendezvous (needed when nnodes > 1)
     progress: bool = True
     print_summary: bool = True
     output_dir: str = "${hydra:runtime.output_dir}"

@@ -44,7 +44,7 @@ class LeaderResult:
 
 def rank_main(task: RankTask) -> None:
     """Spawn target. Never returns normally without having put "done" or "error" on the queue."""
-    _die_with_parent()
+    die_with_parent()
     rank = task.info.rank
     try:
         task.out_queue.put(("done", rank, _run_rank(task)))
@@ -56,7 +56,7 @@ def rank_main(task: RankTask) -> None:
         sys.exit(1)
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """No orphans: the kernel kills this rank if the launcher dies (Linux), and a watcher thread does
     the same elsewhere."""
     try:
@@ -88,6 +88,8 @@ def _run_rank(task: RankTask) -> LeaderResult | dict:
     info = task.info
     if info.device == "cpu":   # ranks share the cores: intra-op threads beyond a share only spin
         torch.set_num_threads(task.cpu_threads)
+    else:                      # Triton, FlashInfer and CUDA events use the current device
+        torch.cuda.set_device(torch.device(info.device))
     cfg = OmegaConf.create(task.cfg)
     groups = init_rank_groups(info) if info.tp > 1 else None
     parallel = ModelParallel(info.tp_rank, info.tp, info.ep, groups.comm()) if groups else SINGLE

@@ -14,7 +14,7 @@ from runtime.engine.forward_batch import ForwardBatch  # noqa: E402
 from runtime.engine.kv_pool import create_kv_pool  # noqa: E402
 from runtime.engine.model_runner import rank_config  # noqa: E402
 from runtime.models.loader import build_model  # noqa: E402
-from tests.distributed.ranks import run_ranks  # noqa: E402
+from runtime.distributed.spawn import run_on_ranks  # noqa: E402
 
 RTOL = 1e-5
 
@@ -81,7 +81,7 @@ def cases(checkpoints) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def two_ranks(cases) -> list[list[list[torch.Tensor]]]:
-    return [[[torch.from_numpy(x) for x in steps] for steps in per_case] for per_case in run_ranks(sharded_logits, 2, cases)]
+    return [[[torch.from_numpy(x) for x in steps] for steps in per_case] for per_case in run_on_ranks(sharded_logits, 2, cases)]
 
 
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
