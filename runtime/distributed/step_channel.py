@@ -1,6 +1,8 @@
 """The TP leader's per-step message to the other ranks of its group: pickled, broadcast over the
-gloo CPU group (a size, then the bytes), as SGLang's broadcast_pyobj does. Messages are the runner's
-StepInputs, KEEPALIVE (an idle leader, so waiting ranks do not time out) or STOP.
+gloo CPU group, as SGLang's broadcast_pyobj does. One broadcast of a fixed-size frame (its first 8
+bytes the payload length) carries a typical decode step whole; a larger payload (a long prefill
+chunk) sends its remainder in a second. Messages are the runner's StepInputs, KEEPALIVE (an idle
+leader, so waiting ranks do not time out) or STOP.
 """
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import torch.distributed as dist
 
 KEEPALIVE = "keepalive"
 STOP = "stop"
+FRAME_BYTES = 16384        # a decode step of a few hundred requests fits one frame
+_LEN = 8                   # little-endian payload length at the head of the frame
 
 
 class StepChannel:
@@ -18,17 +22,26 @@ class StepChannel:
 
     def __init__(self, group: dist.ProcessGroup, src: int) -> None:
         self.group, self.src = group, src
+        self.frame = torch.zeros(FRAME_BYTES, dtype=torch.uint8)
         self.bytes_sent = 0
 
     def send(self, message: object) -> None:
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        dist.broadcast(torch.tensor([len(data)], dtype=torch.long), src=self.src, group=self.group)
-        dist.broadcast(torch.frombuffer(bytearray(data), dtype=torch.uint8), src=self.src, group=self.group)
+        head = len(data).to_bytes(_LEN, "little") + data[:FRAME_BYTES - _LEN]
+        self.frame[:len(head)] = torch.frombuffer(bytearray(head), dtype=torch.uint8)
+        dist.broadcast(self.frame, src=self.src, group=self.group)
+        rest = data[FRAME_BYTES - _LEN:]
+        if rest:
+            dist.broadcast(torch.frombuffer(bytearray(rest), dtype=torch.uint8), src=self.src, group=self.group)
         self.bytes_sent += len(data)
 
     def recv(self) -> object:
-        size = torch.empty(1, dtype=torch.long)
-        dist.broadcast(size, src=self.src, group=self.group)
-        data = torch.empty(int(size.item()), dtype=torch.uint8)
-        dist.broadcast(data, src=self.src, group=self.group)
-        return pickle.loads(data.numpy().tobytes())
+        dist.broadcast(self.frame, src=self.src, group=self.group)
+        frame = self.frame.numpy().tobytes()
+        size = int.from_bytes(frame[:_LEN], "little")
+        data = frame[_LEN:_LEN + size]
+        if size > FRAME_BYTES - _LEN:
+            rest = torch.empty(size - (FRAME_BYTES - _LEN), dtype=torch.uint8)
+            dist.broadcast(rest, src=self.src, group=self.group)
+            data += rest.numpy().tobytes()
+        return pickle.loads(data)

@@ -6,6 +6,7 @@ result) or ("error", rank, (type name, message, traceback)).
 """
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import sys
@@ -43,8 +44,10 @@ class LeaderResult:
 
 
 def rank_main(task: RankTask) -> None:
-    """Spawn target. Never returns normally without having put "done" or "error" on the queue."""
+    """Spawn target. Never returns normally without having put "done" or "error" on the queue.
+    `kill -USR1 <pid>` (pids in the run directory's ranks.json) prints the rank's Python stacks."""
     die_with_parent()
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     rank = task.info.rank
     try:
         task.out_queue.put(("done", rank, _run_rank(task)))

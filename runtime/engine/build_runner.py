@@ -34,6 +34,9 @@ def build_model_runner(cfg: DictConfig, core: CoreComponents, warmup: bool | Non
     also warms up the JIT kernels (`real.warmup`) and reports `runner.warmup_s`. A rank of a
     multi-process run passes its shard (`parallel`) and its own device (`cuda:<local rank>`); every
     rank of a TP group builds, captures and warms up the same way (the collectives pair up)."""
+    if parallel.tp_size != core.layout.tp:
+        raise ValueError(f"tp={core.layout.tp} needs one process per GPU: it runs in mode=real "
+                         "(runtime/distributed); this entry point builds a single-process runner")
     device = resolve_device(device or cfg.real.device)
     pool_bytes = core.kv_capacity_tokens * core.model.kv_bytes_per_token(int(cfg.kv.dtype_bytes))
     if device.type == "cpu" and pool_bytes > CPU_POOL_LIMIT_BYTES:
