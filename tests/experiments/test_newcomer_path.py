@@ -29,7 +29,7 @@ def run_py(args: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedP
 @pytest.mark.parametrize("override,names", [
     ("tp=3", "tp=3"),
     ("workload.request_rate=-1", "request_rate"),
-    ("kv.capacity_tokens=16", "KV pool (16 tokens)"),
+    ("kv.capacity_tokens=16", "KV pool holds 16 (kv.capacity_tokens)"),
 ])
 def test_bad_input_exits_with_one_line(override, names, tmp_path):
     done = run_py([*TINY, override], tmp_path)
