@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import torch
 
+from kernels.plan_fence import PlanFence
+
 _PAGE_SIZE = 1
 TENSOR_CORE_MIN_GROUP = 4     # SGLang's rule for bf16/fp16 KV: tensor-core decode from group size 4
 
@@ -65,7 +67,7 @@ class FlashInferGQA:
             self._last_page_len_buf = torch.ones(max_batch_size, **int32)       # [B_max], page size 1
         self._ones_cpu = torch.ones(max(max_batch_size, 1), dtype=torch.int32)  # last-page lengths (host)
         self._active = None
-        self._planned: torch.cuda.Event | None = None   # recorded after the last plan()
+        self._fence = PlanFence()                        # see kernels/plan_fence.py
 
     # -- wrappers ----------------------------------------------------------------------------
     def _decode_wrapper(self, batch_size: int, tensor_cores: bool):
@@ -115,10 +117,7 @@ class FlashInferGQA:
         kv_lens = (kv_indptr[1:] - kv_indptr[:-1] if kv_lens is None else kv_lens).to(torch.int32)
         kv_indices = kv_indices.to(device=self.device, dtype=torch.int32)
         batch_size = qo_indptr.numel() - 1
-        if self._planned is not None:
-            # plan() stages its schedule in a pinned host buffer copied asynchronously: with overlap
-            # scheduling the previous step's copy may still be queued, so let it land first
-            self._planned.synchronize()
+        self._fence.wait()
         last_page_len = self._last_page_lens(batch_size)
         if bool(torch.all(qo_indptr[1:] - qo_indptr[:-1] == 1)):              # decode: one query per sequence
             wrapper = self._decode_wrapper(batch_size, self.uses_tensor_cores(num_heads, num_kv_heads))
@@ -130,8 +129,7 @@ class FlashInferGQA:
                          _PAGE_SIZE, causal=causal, sm_scale=sm_scale, q_data_type=q_dtype,
                          kv_data_type=kv_dtype, seq_lens=kv_lens)
         self._active = wrapper
-        self._planned = torch.cuda.Event()
-        self._planned.record()
+        self._fence.mark()
 
     def _last_page_lens(self, batch_size: int) -> torch.Tensor:   # [B] int32 CPU, all 1 (page size 1)
         if batch_size > self._ones_cpu.numel():

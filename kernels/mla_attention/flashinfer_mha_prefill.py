@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from kernels.plan_fence import PlanFence
+
 
 class FlashInferMHAPrefill:
     """Owns one ragged prefill wrapper (eager use only: its schedule changes every step)."""
@@ -33,7 +35,7 @@ class FlashInferMHAPrefill:
             workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=self.device)
         self.workspace = workspace
         self._wrapper = BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD", backend=backend)
-        self._planned: torch.cuda.Event | None = None   # recorded after the last plan()
+        self._fence = PlanFence()                        # see kernels/plan_fence.py
         self._dims: tuple[int, int, int] | None = None   # (N, Dqk, Dv) of the last plan
 
     def plan(
@@ -48,15 +50,11 @@ class FlashInferMHAPrefill:
         causal: bool = True,
     ) -> None:
         """Schedule one forward step; every run() until the next plan() uses it."""
-        if self._planned is not None:
-            # plan() stages its schedule in a pinned host buffer copied asynchronously: with overlap
-            # scheduling the previous plan's copy may still be queued, so let it land first
-            self._planned.synchronize()
+        self._fence.wait()
         self._wrapper.plan(qo_indptr.to(torch.int32), kv_indptr.to(torch.int32), num_heads, num_heads,
                            head_dim_qk, head_dim_vo=head_dim_vo, causal=causal, sm_scale=sm_scale,
                            q_data_type=dtype, kv_data_type=dtype)
-        self._planned = torch.cuda.Event()
-        self._planned.record()
+        self._fence.mark()
         self._dims = (num_heads, head_dim_qk, head_dim_vo)
 
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -40,6 +40,8 @@ from __future__ import annotations
 
 import torch
 
+from kernels.plan_fence import PlanFence
+
 _PAGE_SIZE = 1   # one slot per page: kv_indices are slot indices
 
 
@@ -74,7 +76,7 @@ class FlashInferMLA:
         self._active = self._wrapper
         self._latent_dim = 0
         self._rope_dim = 0
-        self._planned: torch.cuda.Event | None = None   # recorded after the last plan()
+        self._fence = PlanFence()                        # see kernels/plan_fence.py
 
     def _graph_wrapper(self, batch_size: int):
         """The graph-mode wrapper bound to the first batch_size entries of the fixed buffers."""
@@ -112,10 +114,7 @@ class FlashInferMLA:
         kv_lens = kv_lens.to(torch.int32)
         kv_indices = kv_indices.to(device=self.device, dtype=torch.int32)
         batch_size = qo_indptr.numel() - 1
-        if self._planned is not None:
-            # plan() stages its schedule in a pinned host buffer copied asynchronously: with overlap
-            # scheduling the previous step's copy may still be queued, so let it land first
-            self._planned.synchronize()
+        self._fence.wait()
         if self.use_cuda_graph:
             assert kv_indices.numel() <= self._kv_indices_buf.numel(), "kv_indices exceed max_kv_tokens"
             self._active = self._graph_wrapper(batch_size)
@@ -123,8 +122,7 @@ class FlashInferMLA:
             qo_indptr, kv_indptr, kv_indices, kv_lens,
             num_heads, kv_lora_rank, rope_dim, _PAGE_SIZE, causal, sm_scale, q_dtype, kv_dtype,
         )
-        self._planned = torch.cuda.Event()
-        self._planned.record()
+        self._fence.mark()
         self._latent_dim, self._rope_dim = kv_lora_rank, rope_dim
 
     def run(
