@@ -5,7 +5,6 @@ launched while the device still runs step n; the scheduler itself is unaware of 
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
@@ -17,6 +16,7 @@ from runtime.core.records import StepLog
 from runtime.core.request import Request, RequestSpec
 from runtime.core.scheduler import Scheduler
 from runtime.request_source import ReplaySource, RequestSource
+from runtime.request_source import at_time_zero as all_at_once  # noqa: F401  (callers import it from here)
 
 
 @dataclass
@@ -24,11 +24,6 @@ class RealOutcome:
     requests: list[Request]
     steps: StepLog
     elapsed_s: float
-
-
-def all_at_once(specs: Sequence[RequestSpec]) -> list[RequestSpec]:
-    """The same requests, all arriving at t=0 (offline throughput runs)."""
-    return [dataclasses.replace(s, arrival_s=0.0) for s in specs]
 
 
 class LaunchedStep(Protocol):

@@ -42,6 +42,11 @@ class RequestSource(Protocol):
         ...
 
 
+def at_time_zero(specs: Sequence[RequestSpec]) -> list[RequestSpec]:
+    """The same requests, all arriving at t=0 (offline throughput runs)."""
+    return [dataclasses.replace(s, arrival_s=0.0) for s in specs]
+
+
 class ReplaySource:
     """Replays workload specs on their arrival times (or all at t=0 when `all_at_once`)."""
 
@@ -49,7 +54,7 @@ class ReplaySource:
                  sleep=None) -> None:
         specs = sorted(specs, key=lambda s: (s.arrival_s, s.rid))
         if all_at_once:
-            specs = [dataclasses.replace(s, arrival_s=0.0) for s in specs]
+            specs = at_time_zero(specs)
         self.specs = specs
         self.next_idx = 0
         self._sleep = sleep

@@ -8,7 +8,6 @@ import time
 from omegaconf import DictConfig
 
 from runtime.build import CoreComponents
-from runtime.core.memory_budget import slot_table_rows
 from runtime.distributed.sharding import SINGLE, ModelParallel
 from runtime.engine.fast_path import FastPathConfig
 from runtime.engine.model_runner import ModelRunner, resolve_device
@@ -49,7 +48,7 @@ def build_model_runner(cfg: DictConfig, core: CoreComponents, warmup: bool | Non
     runner = ModelRunner(dict(core.model.hf_config), core.kv_capacity_tokens, device=str(device),
                          dtype=cfg.real.dtype, load_format=load_format(cfg, core.model.path),
                          path=core.model.path, seed=int(cfg.seed), fast=fast,
-                         max_running_requests=slot_table_rows(config) - 8,
+                         max_running_requests=config.max_running_requests,
                          max_context_tokens=core.model.max_context_tokens, parallel=parallel)
     runner.warmup_s = 0.0
     if (cfg.real.warmup if warmup is None else warmup) and device.type == "cuda":

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from runtime.core.batch import StepPlan, StepResult
+from runtime.core.memory_budget import SLOT_TABLE_EXTRA_ROWS
 from runtime.core.request import SamplingParams
 from runtime.distributed.sharding import SINGLE, ModelParallel
 from runtime.engine.fast_path import (
@@ -68,7 +69,7 @@ class ModelRunner:
         # graphs: one extra slot past the core's capacity, where padding rows write
         self.pool = create_kv_pool(config, num_kv_slots + (1 if use_graphs else 0), self.dtype, self.device)
         self.sampler = Sampler(device=self.device, seed=seed)
-        rows = max_running_requests + 8          # + the chunked request and finished ones still in flight
+        rows = max_running_requests + SLOT_TABLE_EXTRA_ROWS   # + the chunked request, finished ones in flight
         columns = min(max_context_tokens or config.max_position_embeddings, num_kv_slots) + 2
         self.future = FutureTokens(4 * rows, self.device)
         self.batches = BatchBuilder(rows, columns, self.device, self.future)
@@ -90,11 +91,6 @@ class ModelRunner:
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-
-    @torch.no_grad()
-    def forward_logits(self, plan: StepPlan) -> torch.Tensor:
-        """Logits [B, V] of the last new token of every plan item (float32)."""
-        return self.forward(ForwardBatch.from_plan(plan, self.device))
 
     @torch.no_grad()
     def forward(self, fb: ForwardBatch, path: str = "auto") -> torch.Tensor:
