@@ -7,19 +7,24 @@ pipeline stages run one after another (no micro-batch overlap).
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import numpy as np
+import yaml
 
 from runtime.core.hardware import HardwareSpec
 from runtime.core.layout import ParallelLayout
 from runtime.core.model_spec import ModelSpec
 from sim.costmodel.base import StepShape
 from sim.costmodel.collective_table import build_collectives
+from sim.costmodel.profile_tables import PROFILES_DIR
 from sim.costmodel.roofline_ops import GPU_OPS, FixedTerms, LayerCoefficients, price_fixed_terms
 
 # Breakdown keys, in summation order: GPU work, then `launch` (host launch time the GPU does
 # not hide) and `cpu_overhead` (the scheduler's per-step work).
 OPS = GPU_OPS + ("launch", "cpu_overhead")
+FIT_FILE = "roofline_fit.yaml"   # sim/profiles/<hardware>/, written by experiments/fit_roofline.py
+MAX_MBU = 1.5   # bandwidth efficiencies: a read-mostly kernel can pass the copy rate (read + write)
 
 
 class RooflineCostModel:
@@ -27,7 +32,11 @@ class RooflineCostModel:
 
     Efficiencies scale the hardware's (measured) peaks: `mfu` and `mbu` for dense GEMMs
     (projections, MLPs, lm_head), `attention_mfu`/`attention_mbu` for attention kernels,
-    `moe_efficiency` multiplies both for the fused-MoE grouped GEMMs.
+    `moe_mfu`/`moe_mbu` for the fused-MoE grouped GEMMs (None: `moe_efficiency` times mfu/mbu).
+    With fp8 weights the GEMMs reach `fp8_mfu_scale` times their compute efficiency against the
+    fp8 peak. Bandwidth efficiencies are against the measured copy rate (bytes read + written),
+    which a read-mostly kernel can pass: they may exceed 1. `fitted()` builds the model with the
+    constants experiments/fit_roofline.py fitted to this hardware's profile.
 
     Collectives (`self.collectives`, sim/costmodel/collectives.py): the measured table of this
     hardware when one exists (`collective_table`: "auto", a CSV path, or None), else alpha-beta:
@@ -37,11 +46,13 @@ class RooflineCostModel:
 
     Launch: a decode-only step of at most `cuda_graph_max_bs` (None: any number of) requests replays a CUDA graph
     (`hardware.cuda_graph_launch_s`, when `cuda_graph`); any other step launches every kernel
-    eagerly at `hardware.kernel_launch_s` each, overlapped with GPU work, so only the host time
+    eagerly at `kernel_launch_s` each (None: the hardware's), plus `eager_launch_per_seq_s` per
+    sequence (batch building), overlapped with GPU work, so only the host time
     beyond the GPU time shows (at least one launch). Each kernel also costs `kernel_floor_s` of
     GPU time (ramp and tail), plus `eager_kernel_gap_s` when launched eagerly (a graph's
     launches are queued on the GPU in advance). `kernels_per_layer=None` counts SGLang's kernels
-    per layer kind. Per step the CPU adds `cpu_overhead_s + cpu_overhead_per_seq_s * seqs`; the
+    per layer kind. Per step the CPU adds `cpu_overhead_s + cpu_overhead_per_seq_s * seqs`, plus
+    `cpu_overhead_per_extend_s` per prefill item and `cpu_overhead_per_token_s` per prefill token; the
     sampler adds `sampler_base_s + sampler_per_seq_s * seqs` of GPU time.
     """
 
@@ -58,16 +69,24 @@ class RooflineCostModel:
                  cpu_overhead_s: float = 2e-4, cpu_overhead_per_seq_s: float = 2e-6,
                  sampler_base_s: float = 2e-5, sampler_per_seq_s: float = 5e-7,
                  elementwise_passes_per_layer: int = 8, kv_dtype_bytes: int = 2,
-                 act_dtype_bytes: int = 2, cache_size: int = 65536) -> None:
+                 act_dtype_bytes: int = 2, cache_size: int = 65536,
+                 moe_mfu: float | None = None, moe_mbu: float | None = None, fp8_mfu_scale: float = 1.0,
+                 kernel_launch_s: float | None = None, eager_launch_per_seq_s: float = 0.0,
+                 cpu_overhead_per_extend_s: float = 0.0, cpu_overhead_per_token_s: float = 0.0) -> None:
         layout.validate(model)
-        for key, value in (("mfu", mfu), ("mbu", mbu), ("attention_mfu", attention_mfu),
-                           ("attention_mbu", attention_mbu), ("moe_efficiency", moe_efficiency),
-                           ("comm_efficiency", comm_efficiency)):
-            if not 0 < value <= 1:
-                raise ValueError(f"{key} must be in (0, 1], got {value}")
+        for key, value, most in (("mfu", mfu, 1), ("mbu", mbu, MAX_MBU), ("attention_mfu", attention_mfu, 1),
+                                 ("attention_mbu", attention_mbu, MAX_MBU), ("moe_efficiency", moe_efficiency, 1),
+                                 ("comm_efficiency", comm_efficiency, 1), ("fp8_mfu_scale", fp8_mfu_scale, 1),
+                                 ("moe_mfu", moe_mfu, 1), ("moe_mbu", moe_mbu, MAX_MBU)):
+            if value is not None and not 0 < value <= most:
+                raise ValueError(f"{key} must be in (0, {most}], got {value}")
         self.model, self.hardware, self.layout = model, hardware, layout
         self.cuda_graph, self.cuda_graph_max_bs = cuda_graph, cuda_graph_max_bs
         self.cpu_overhead_s, self.cpu_overhead_per_seq_s = cpu_overhead_s, cpu_overhead_per_seq_s
+        self.cpu_overhead_per_extend_s, self.cpu_overhead_per_token_s = cpu_overhead_per_extend_s, cpu_overhead_per_token_s
+        self.kernel_launch_s = hardware.kernel_launch_s if kernel_launch_s is None else kernel_launch_s
+        self.eager_launch_per_seq_s = eager_launch_per_seq_s
+        self.fit_constants: dict = {}    # what fitted() applied
         self.collectives = build_collectives(
             hardware, comm_efficiency=comm_efficiency, graph_latency_s=comm_graph_latency_s,
             eager_latency_s=comm_eager_latency_s, per_rank_latency_s=comm_per_rank_latency_s,
@@ -75,14 +94,25 @@ class RooflineCostModel:
             inter_node_latency_s=inter_node_latency_s, table=collective_table)
         self.coef = LayerCoefficients.build(
             model, hardware, layout, mfu=mfu, mbu=mbu, attention_mfu=attention_mfu,
-            attention_mbu=attention_mbu, moe_efficiency=moe_efficiency,
-            kernels_per_layer=kernels_per_layer, kernel_floor_s=kernel_floor_s,
+            attention_mbu=attention_mbu, moe_efficiency=moe_efficiency, moe_mfu=moe_mfu,
+            moe_mbu=moe_mbu, fp8_mfu_scale=fp8_mfu_scale, kernels_per_layer=kernels_per_layer, kernel_floor_s=kernel_floor_s,
             eager_kernel_gap_s=eager_kernel_gap_s,
             sampler_base_s=sampler_base_s, sampler_per_seq_s=sampler_per_seq_s,
             elementwise_passes=elementwise_passes_per_layer, kv_dtype_bytes=kv_dtype_bytes,
             act_dtype_bytes=act_dtype_bytes)
         # Per-instance memo of everything that does not depend on decode context lengths.
         self._fixed = functools.lru_cache(maxsize=cache_size)(self._fixed_terms)
+
+    @classmethod
+    def fitted(cls, model: ModelSpec, hardware: HardwareSpec, layout: ParallelLayout,
+               fit: str | None = "auto", **kwargs) -> "RooflineCostModel":
+        """The roofline with the constants fitted to this hardware's profile replacing those of
+        `kwargs` (fit: "auto" = sim/profiles/<hardware>/roofline_fit.yaml where it exists, else
+        kwargs unchanged; a path; None). Keys the fit does not name keep their kwargs value."""
+        constants = fitted_constants(hardware.name, fit)
+        made = cls(model, hardware, layout, **{**kwargs, **constants})
+        made.fit_constants = constants
+        return made
 
     # -- public API -----------------------------------------------------------------
     def step_time_s(self, shape: StepShape) -> float:
@@ -116,7 +146,9 @@ class RooflineCostModel:
         terms = price_fixed_terms(self.coef, extend_new, extend_prefix, num_decode, use_graph,
                                   self.collectives)
         num_seqs = len(extend_new) + num_decode
-        terms.cpu_s = self.cpu_overhead_s + self.cpu_overhead_per_seq_s * num_seqs
+        terms.cpu_s = (self.cpu_overhead_s + self.cpu_overhead_per_seq_s * num_seqs
+                       + self.cpu_overhead_per_extend_s * len(extend_new)
+                       + self.cpu_overhead_per_token_s * sum(extend_new))
         return terms
 
     def _total_s(self, extend_new: tuple[int, ...], extend_prefix: tuple[int, ...],
@@ -139,5 +171,17 @@ class RooflineCostModel:
             return np.zeros_like(gpu_s)
         if fixed.use_graph:
             return np.full_like(gpu_s, hw.cuda_graph_launch_s)
-        host_s = self.coef.num_kernels * hw.kernel_launch_s
-        return np.maximum(hw.kernel_launch_s, host_s - gpu_s)
+        host_s = self.coef.num_kernels * self.kernel_launch_s + self.eager_launch_per_seq_s * fixed.num_seqs
+        return np.maximum(self.kernel_launch_s, host_s - gpu_s)
+
+
+def fitted_constants(hardware_name: str, fit: str | None = "auto") -> dict:
+    """The `constants` mapping of a fit file ({} for fit=None, or "auto" without a file)."""
+    if fit is None:
+        return {}
+    path = PROFILES_DIR / hardware_name / FIT_FILE if fit == "auto" else Path(fit)
+    if not path.exists():
+        if fit == "auto":
+            return {}
+        raise FileNotFoundError(f"roofline fit {path} does not exist")
+    return dict(yaml.safe_load(path.read_text())["constants"])

@@ -95,7 +95,8 @@ class LayerCoefficients:
     @classmethod
     def build(cls, model: ModelSpec, hw: HardwareSpec, layout: ParallelLayout, *, mfu: float,
               mbu: float, attention_mfu: float, attention_mbu: float, moe_efficiency: float,
-              kernels_per_layer: int | None,
+              kernels_per_layer: int | None, moe_mfu: float | None = None,
+              moe_mbu: float | None = None, fp8_mfu_scale: float = 1.0,
               kernel_floor_s: float, eager_kernel_gap_s: float, sampler_base_s: float,
               sampler_per_seq_s: float,
               elementwise_passes: int, kv_dtype_bytes: int,
@@ -116,15 +117,21 @@ class LayerCoefficients:
         moe_width = model.moe_intermediate_size * layout.ep / tp   # one expert slice per GPU
         shared_width = model.shared_expert_intermediate_size / tp
         k = model.num_experts_per_tok
-        linear = hw.peak_flops(model.weight_dtype) * mfu
+        # fp8 weights: GEMMs reach fp8_mfu_scale of their bf16 efficiency against the fp8 peak
+        dtype_scale = fp8_mfu_scale if model.weight_dtype == "float8" else 1.0
+        linear = hw.peak_flops(model.weight_dtype) * mfu * dtype_scale
+        # fused MoE: its own efficiencies when given, else moe_efficiency times the dense ones
+        moe_flops = (linear * moe_efficiency if moe_mfu is None
+                     else hw.peak_flops(model.weight_dtype) * moe_mfu * dtype_scale)
+        moe_bytes = (hw.hbm_bandwidth_bytes_per_s * mbu * moe_efficiency if moe_mbu is None
+                     else hw.hbm_bandwidth_bytes_per_s * moe_mbu)
         return cls(
             num_layers=model.num_layers, num_dense_layers=len(dense_ids),
             num_moe_layers=len(moe_ids), tp=tp, ep=layout.ep, pp=layout.pp, hidden_size=H,
             act_dtype_bytes=ab, linear_flops_per_s=linear,
             bf16_gemm_flops_per_s=hw.peak_flops(small_dtype) * mfu,
             gemm_bytes_per_s=hw.hbm_bandwidth_bytes_per_s * mbu,
-            moe_flops_per_s=linear * moe_efficiency,
-            moe_bytes_per_s=hw.hbm_bandwidth_bytes_per_s * mbu * moe_efficiency,
+            moe_flops_per_s=moe_flops, moe_bytes_per_s=moe_bytes,
             attn_flops_per_s=hw.peak_flops(small_dtype) * attention_mfu,
             attn_bytes_per_s=hw.hbm_bandwidth_bytes_per_s * attention_mbu,
             attn_proj_params=any_p["attention"], attn_proj_bytes=any_b["attention"],
@@ -206,6 +213,7 @@ class FixedTerms:
     num_tokens: int
     use_graph: bool = False
     cpu_s: float = 0.0
+    num_seqs: int = 0
 
 
 def price_fixed_terms(c: LayerCoefficients, extend_new: tuple[int, ...],
@@ -229,25 +237,35 @@ def price_fixed_terms(c: LayerCoefficients, extend_new: tuple[int, ...],
                                   c.dense_mlp_bytes + T * c.dense_mlp_act_bytes_per_token,
                                   c.linear_flops_per_s, c.gemm_bytes_per_s)
     if Lm:
-        touched = distinct_experts(c.num_experts, c.top_k, T) / c.num_experts
         gpu["moe_gate"] = Lm * _roof(2 * T * c.router_params, c.router_bytes + T * H * ab,
                                      c.bf16_gemm_flops_per_s, c.gemm_bytes_per_s)
-        gpu["moe_experts"] = Lm * _roof(
-            T * c.routed_flops_per_token,
-            touched * c.routed_bytes_all_experts + T * c.moe_act_bytes_per_token,
-            c.moe_flops_per_s, c.moe_bytes_per_s)
+        gpu["moe_experts"] = Lm * moe_experts_s(c, T)
         gpu["shared_experts"] = Lm * _roof(2 * T * c.shared_params,
                                            c.shared_bytes + T * c.shared_act_bytes_per_token,
                                            c.linear_flops_per_s, c.gemm_bytes_per_s)
-    gpu["lm_head"] = _roof(2 * S * c.lm_head_params, c.lm_head_bytes + S * c.logits_bytes_per_seq,
-                           c.bf16_gemm_flops_per_s, c.gemm_bytes_per_s)
+    gpu["lm_head"] = lm_head_s(c, S)
     elementwise_bytes = L * (T * c.elementwise_bytes_per_token_layer + c.norm_bytes_per_layer)
     gpu["elementwise"] = (elementwise_bytes + T * H * ab) / c.gemm_bytes_per_s   # + embedding
     gpu["sampler"] = c.sampler_base_s + c.sampler_per_seq_s * S
     _price_communication(c, gpu, T, collectives, use_graph)
     gap_s = c.kernel_floor_s + (0.0 if use_graph else c.eager_kernel_gap_s)
     gpu["kernel_floor"] = c.num_kernels * gap_s
-    return FixedTerms(gpu, sum(gpu[op] for op in GPU_OPS), T, use_graph)
+    return FixedTerms(gpu, sum(gpu[op] for op in GPU_OPS), T, use_graph, num_seqs=S)
+
+
+def moe_experts_s(c: LayerCoefficients, num_tokens: int) -> float:
+    """The fused-MoE grouped GEMMs of one MoE layer over `num_tokens` tokens (routing uniform: the
+    bytes of the distinct experts they touch)."""
+    touched = distinct_experts(c.num_experts, c.top_k, num_tokens) / c.num_experts
+    return _roof(num_tokens * c.routed_flops_per_token,
+                 touched * c.routed_bytes_all_experts + num_tokens * c.moe_act_bytes_per_token,
+                 c.moe_flops_per_s, c.moe_bytes_per_s)
+
+
+def lm_head_s(c: LayerCoefficients, num_seqs: int) -> float:
+    """The LM head over one row per sequence, fp32 logits written."""
+    return _roof(2 * num_seqs * c.lm_head_params, c.lm_head_bytes + num_seqs * c.logits_bytes_per_seq,
+                 c.bf16_gemm_flops_per_s, c.gemm_bytes_per_s)
 
 
 def _extend_attention_s(c: LayerCoefficients, extend_new: tuple[int, ...],
