@@ -87,7 +87,9 @@ class _Launched:
 class RealDriver:
     """`executor`: a StepExecutor (`launch`) or a plain `execute(plan) -> StepResult` callable.
     `as_fast_as_possible`: every request arrives at t=0 (offline throughput), else each is
-    added once the wall clock passes its `arrival_s` (measured from the start of the run)."""
+    added once the wall clock passes its `arrival_s` (measured from the start of the run).
+    A source whose requests ask for log-probabilities also has `on_logprobs(items, logprobs)`: called
+    before `on_tokens` with a step's sampling items and its StepResult.logprobs (one entry per item)."""
 
     def __init__(self, scheduler: Scheduler, executor: StepExecutor | Callable[[StepPlan], StepResult],
                  as_fast_as_possible: bool = False, progress: bool = True, record_plans: bool = False,
@@ -138,6 +140,8 @@ class RealDriver:
                 sched.commit(plan, result, end)
             steps.record(plan, start, end, sched.kv.used_tokens(), len(sched.waiting), len(sched.running),
                          predicted_s=self.predict(plan) if self.predict is not None else None)
+            if result.logprobs is not None:       # only requests of a source that implements it ask
+                source.on_logprobs(plan.sampling_items, result.logprobs)
             source.on_tokens([it.request for it in plan.items if it.samples and not it.dropped], end)
             ended(sched.pop_finished(), end)
             return end

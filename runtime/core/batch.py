@@ -75,3 +75,6 @@ class StepResult:
     next_token_ids: list[int]
     duration_s: float | None = None
     host_s: float = 0.0        # of duration_s, the host's share (what overlap scheduling can hide)
+    # per sampling item, for requests that asked: (logprob of its token, [(token id, logprob), ...] most
+    # likely first), else None; None when no item asked
+    logprobs: list[tuple[float, list[tuple[int, float]]] | None] | None = None

@@ -25,7 +25,8 @@ from runtime.engine.fast_path import (
 from runtime.engine.batch_builder import BatchBuilder, FutureTokens, HostBatch
 from runtime.engine.forward_batch import ForwardBatch
 from runtime.engine.kv_pool import create_kv_pool
-from runtime.engine.sampler import Sampler, is_greedy
+from runtime.engine.logprob_params import top_logprobs_num
+from runtime.engine.sampler import SampledLogprobs, Sampler, is_greedy
 from runtime.models.config import ModelConfig
 from runtime.models.loader import build_model
 
@@ -147,25 +148,31 @@ class ModelRunner:
         rows = [i for i, it in enumerate(plan.items) if it.samples]
         items = [plan.items[i] for i in rows]
         sampling = [it.request.sampling for it in items]
+        top_nums = [top_logprobs_num(s) for s in sampling]
+        asks = any(k is not None for k in top_nums)
         return StepInputs(self.batches.host(plan), rows, self.future.reserve(len(rows)),
-                          None if all(map(is_greedy, sampling)) else sampling,
-                          [len(it.request.output_ids) for it in items])
+                          None if all(map(is_greedy, sampling)) and not asks else sampling,
+                          [len(it.request.output_ids) for it in items], top_nums if asks else None)
 
     @torch.no_grad()
-    def run(self, inputs: StepInputs) -> torch.Tensor:
+    def run(self, inputs: StepInputs) -> tuple[torch.Tensor, SampledLogprobs | None]:
         """The device half: forward, sampling, sampled tokens into the future ring (where the next
-        step's inputs read them). Returns the token ids [S] on the device, without waiting for them.
+        step's inputs read them). Returns the token ids [S] on the device, without waiting for them,
+        and the log-probabilities of the rows that ask (None when none does).
         Every rank of a TP group runs it on the same inputs: the logits are gathered whole on each, and
         the samplers (same seed, same calls) draw the same tokens, so no rank waits for another's."""
         logits = self.forward(self.batches.to_device(inputs.batch))       # [B, V]
         rows = inputs.sample_rows
         if not rows:
-            return torch.empty(0, dtype=torch.long, device=self.device)
+            return torch.empty(0, dtype=torch.long, device=self.device), None
         sampling = inputs.sampling if inputs.sampling is not None else [GREEDY] * len(rows)
-        ids = self.sampler.sample(logits[rows] if len(rows) < logits.shape[0] else logits, sampling,
-                                  inputs.output_positions)
+        logits = logits[rows] if len(rows) < logits.shape[0] else logits  # [S, V]
+        ids = self.sampler.sample(logits, sampling, inputs.output_positions)
         self.future.store(torch.from_numpy(inputs.ring).to(self.device, non_blocking=True), ids)
-        return ids
+        logprobs = None
+        if inputs.top_logprobs_nums is not None:
+            logprobs = self.sampler.logprobs(logits, sampling, ids, inputs.top_logprobs_nums)
+        return ids, logprobs
 
     @torch.no_grad()
     def launch(self, plan: StepPlan):
@@ -183,18 +190,20 @@ class ModelRunner:
         inputs = self.prepare(plan)
         if self.step_sender is not None:
             self.step_sender(inputs)
-        ids = self.run(inputs)
+        ids, logprobs = self.run(inputs)
         placeholders = self.future.placeholders(inputs.ring)
         if not cuda:
-            result = StepResult(next_token_ids=ids.tolist(), duration_s=time.perf_counter() - host_start)
+            result = StepResult(next_token_ids=ids.tolist(), duration_s=time.perf_counter() - host_start,
+                                logprobs=logprobs.entries(len(ids)) if logprobs is not None else None)
             step = FinishedStep(result, host_start, time.perf_counter())
             step.placeholder_ids = placeholders
             return step
         host_ids = torch.empty(ids.shape, dtype=torch.long, pin_memory=True)
         host_ids.copy_(ids, non_blocking=True)
+        host_logprobs = logprobs.to_host() if logprobs is not None else None   # copied with the ids
         end = torch.cuda.Event(enable_timing=True)
         end.record()
-        return _CudaStep(placeholders, host_ids, start, end)
+        return _CudaStep(placeholders, host_ids, start, end, host_logprobs)
 
     @torch.no_grad()
     def execute(self, plan: StepPlan) -> StepResult:
@@ -211,6 +220,7 @@ class StepInputs:
     ring: np.ndarray                # future-ring index of each sampled token
     sampling: list[SamplingParams] | None
     output_positions: list[int]     # per sampled row, len(request.output_ids)
+    top_logprobs_nums: list[int | None] | None = None   # per sampled row (None: no logprobs); None: no row asks
 
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -228,17 +238,21 @@ def rank_config(config: ModelConfig, model: torch.nn.Module) -> ModelConfig:
 
 
 class _CudaStep:
-    """A launched CUDA step: tokens arrive in a pinned host buffer; events time it on the device."""
+    """A launched CUDA step: tokens (and the log-probabilities asked for) arrive in pinned host
+    buffers; events time it on the device."""
 
     def __init__(self, placeholder_ids: list[int], host_ids: torch.Tensor, start: torch.cuda.Event,
-                 end: torch.cuda.Event) -> None:
+                 end: torch.cuda.Event, host_logprobs: SampledLogprobs | None = None) -> None:
         self.placeholder_ids = placeholder_ids
         self._host_ids, self._start, self._end = host_ids, start, end
+        self._host_logprobs = host_logprobs
 
     def wait(self) -> StepResult:
         self._end.synchronize()
-        return StepResult(next_token_ids=self._host_ids.tolist(),
-                          duration_s=self._start.elapsed_time(self._end) / 1e3)
+        ids = self._host_ids.tolist()
+        logprobs = self._host_logprobs.entries(len(ids)) if self._host_logprobs is not None else None
+        return StepResult(next_token_ids=ids, duration_s=self._start.elapsed_time(self._end) / 1e3,
+                          logprobs=logprobs)
 
     def interval_s(self, origin) -> tuple[float, float] | None:
         if not isinstance(origin, torch.cuda.Event):

@@ -1,17 +1,21 @@
-"""Token sampler of the real runtime: greedy, temperature, top-k, top-p, min-p, per-request seeds.
+"""Token sampler of the real runtime: greedy, temperature, top-k, top-p, min-p, per-request seeds,
+and, for the rows that ask, log-probabilities of the sampled token and the top-k tokens.
 
 Batched on the logits' device, per-row parameters as tensors, no host sync. Stop conditions
 are the core's (Request.finishes_with): this module only samples.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from runtime.core.request import SamplingParams
 
-# Legend: B = sequences in the batch, V = vocab size, S = seeded sampled rows.
+# Legend: B = sequences in the batch, V = vocab size, S = seeded sampled rows,
+# R = rows asking for log-probabilities, K = the largest top count among them.
 
 _MASK32 = 0xFFFF_FFFF
 _MASK64 = 0xFFFF_FFFF_FFFF_FFFF
@@ -65,14 +69,34 @@ class Sampler:
         sampled_ids = (probs / noise).argmax(dim=-1)                        # [B]
         return torch.where(self._to_device(greedy_rows, torch.bool), greedy_ids, sampled_ids)
 
-    def sample_with_logprobs(
+    def logprobs(
         self,
         logits: torch.Tensor,                      # [B, V]
         params: Sequence[SamplingParams],
-        output_positions: Sequence[int] | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:        # [B] long, [B] float
-        token_ids = self.sample(logits, params, output_positions)
-        return token_ids, token_logprobs(logits, token_ids)
+        token_ids: torch.Tensor,                   # [B] long, what `sample` returned
+        top_nums: Sequence[int | None],            # per row: None (not asked) or its top count
+    ) -> SampledLogprobs | None:
+        """Log-probabilities for the rows that ask (None when none does), enqueued without a host
+        sync; the other rows cost nothing. The distribution is the one SGLang reports by default
+        (Sampler.forward in python/sglang/srt/layers/sampler.py, SGLANG_RETURN_ORIGINAL_LOGPROB
+        unset): log_softmax(logits / temperature), temperature 0 (greedy) counting as 1, before
+        top-k, top-p and min-p."""
+        rows = [i for i, k in enumerate(top_nums) if k is not None]
+        if not rows:
+            return None
+        if len(rows) < logits.shape[0]:
+            index = self._to_device(rows, torch.long)
+            logits, token_ids = logits.index_select(0, index), token_ids.index_select(0, index)
+        scaled = logits.float()                                             # [R, V]
+        temperatures = [params[i].temperature if params[i].temperature > 0 else 1.0 for i in rows]
+        if any(t != 1.0 for t in temperatures):
+            scaled = scaled / self._to_device(temperatures, torch.float32)[:, None]
+        # finite where a logit is -inf, so that every value stays valid JSON (SGLang clamps too)
+        logprobs = torch.log_softmax(scaled, dim=-1).clamp_min_(torch.finfo(torch.float32).min)  # [R, V]
+        nums = [top_nums[i] for i in rows]
+        top_values, top_ids = logprobs.topk(max(nums), dim=-1)              # [R, K], descending
+        chosen = logprobs.gather(1, token_ids[:, None]).squeeze(1)          # [R]
+        return SampledLogprobs(rows, nums, chosen, top_values, top_ids)
 
     # -- filters ---------------------------------------------------------------------
     def _filtered_probs(
@@ -122,12 +146,38 @@ class Sampler:
         return tensor.pin_memory().to(self.device, non_blocking=True)
 
 
-def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
-    """Log-probabilities [B] of `token_ids` [B] under the raw model distribution (before
-    temperature and filters), as vLLM returns by default."""
-    logits = logits.float()                                                 # [B, V]
-    chosen = logits.gather(1, token_ids[:, None]).squeeze(1)                # [B]
-    return chosen - torch.logsumexp(logits, dim=-1)
+TokenLogprobs = tuple[float, list[tuple[int, float]]]   # (sampled token's, [(token id, logprob), ...])
+
+
+@dataclass
+class SampledLogprobs:
+    """One step's log-probabilities of the R rows that asked, on the sampler's device until `to_host`."""
+
+    rows: list[int]                 # each asking row's index among the sampled rows
+    top_nums: list[int]             # each asking row's top count (<= K)
+    token_logprobs: torch.Tensor    # [R] float32, of the sampled tokens
+    top_logprobs: torch.Tensor      # [R, K] float32, descending
+    top_ids: torch.Tensor           # [R, K] long
+
+    def to_host(self) -> SampledLogprobs:
+        """Copies in pinned host memory, enqueued without waiting (the caller syncs before `entries`);
+        itself when already on the host."""
+        if self.token_logprobs.device.type != "cuda":
+            return self
+
+        def pinned(t: torch.Tensor) -> torch.Tensor:
+            return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
+
+        return dataclasses.replace(self, token_logprobs=pinned(self.token_logprobs),
+                                   top_logprobs=pinned(self.top_logprobs), top_ids=pinned(self.top_ids))
+
+    def entries(self, num_rows: int) -> list[TokenLogprobs | None]:
+        """Per sampled row: None (not asked) or (logprob of its token, its top (id, logprob) pairs)."""
+        chosen, values, ids = self.token_logprobs.tolist(), self.top_logprobs.tolist(), self.top_ids.tolist()
+        out: list[TokenLogprobs | None] = [None] * num_rows
+        for j, (row, k) in enumerate(zip(self.rows, self.top_nums)):
+            out[row] = (chosen[j], list(zip(ids[j][:k], values[j][:k])))
+        return out
 
 
 def _apply_top_k_top_p(

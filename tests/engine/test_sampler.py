@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from runtime.core.request import SamplingParams
-from runtime.engine.sampler import Sampler, hashed_uniforms, token_logprobs
+from runtime.engine.sampler import Sampler, hashed_uniforms
 
 # Legend: B = sequences, V = vocab.
 VOCAB = 50
@@ -126,16 +126,6 @@ def test_masked_logits_are_never_sampled() -> None:
 def test_seeded_row_requires_positions() -> None:
     with pytest.raises(ValueError, match="output_positions"):
         Sampler().sample(_logits(1), [SamplingParams(seed=1)])
-
-
-def test_logprobs_are_raw_log_softmax() -> None:
-    logits = _logits(6)
-    token_ids, logprobs = Sampler().sample_with_logprobs(logits, [SamplingParams(temperature=0.5)] * 6)
-    expected = torch.log_softmax(logits, dim=-1).gather(1, token_ids[:, None]).squeeze(1)
-    torch.testing.assert_close(logprobs, expected)
-    torch.testing.assert_close(token_logprobs(logits.bfloat16(), token_ids),
-                               torch.log_softmax(logits.bfloat16().float(), dim=-1)
-                               .gather(1, token_ids[:, None]).squeeze(1))
 
 
 def test_hashed_uniforms_are_distinct_in_range_and_pure() -> None:
