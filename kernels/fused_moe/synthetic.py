@@ -14,11 +14,17 @@ def balanced_topk_ids(
     """Every expert receives M*K/E tokens (up to one), each token K distinct experts.
 
     Scheme: concatenate independent random permutations of the E experts and deal them out K at a
-    time; because E % K == 0 a token's K slots never straddle two permutations, so they are distinct.
+    time; when E % K == 0 a token's K slots never straddle two permutations, so they are distinct.
+    Otherwise (DeepSeek-V2-Lite: E=64, K=6) slot s of the step reads one random permutation at s mod E:
+    K <= E consecutive positions of a cycle are distinct, and each expert gets floor or ceil of M*K/E.
     """
-    if num_experts % top_k:
-        raise ValueError(f"balanced routing needs E % K == 0, got E={num_experts}, K={top_k}")
+    if not 0 < top_k <= num_experts:
+        raise ValueError(f"need 0 < K <= E, got E={num_experts}, K={top_k}")
     num_slots = num_tokens * top_k
+    if num_experts % top_k:
+        perm = torch.randperm(num_experts, generator=generator)
+        flat = perm[torch.arange(num_slots) % num_experts]                  # [M*K]
+        return flat.view(num_tokens, top_k).to(device=device, dtype=torch.int32)
     num_perms = max(1, -(-num_slots // num_experts))
     perms = [torch.randperm(num_experts, generator=generator) for _ in range(num_perms)]
     flat = torch.cat(perms)[:num_slots]                                  # [M*K]

@@ -27,14 +27,16 @@ if not torch.cuda.is_available():  # CPU smoke run: Triton's interpreter, set be
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from kernels.fused_moe.align import moe_align_block_size
-from kernels.fused_moe.config import CONFIG_DIR, TILE_KEYS, config_file_name, device_name, fit_config
+from kernels.fused_moe.config import (
+    CONFIG_DIR, TILE_KEYS, config_file_name, default_config, device_name, fit_config, split_config,
+)
 from kernels.fused_moe.gemm import invoke_moe_gemm
 from kernels.fused_moe.quant import FP8_DTYPE
 from kernels.fused_moe.synthetic import balanced_topk_ids, random_expert_weights, random_topk_weights
 from kernels.fused_moe.timing import time_ms
 
-M_VALUES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
-VISIT_ORDER = (1, 4096, 64, 512, 8, 2048, 256, 16, 1024, 128, 2, 32, 4)   # spread out, then fill in
+M_VALUES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+VISIT_ORDER = (1, 8192, 64, 512, 4096, 8, 2048, 256, 16, 1024, 128, 2, 32, 4)   # spread out, then fill in
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8_w8a8": FP8_DTYPE}
 
 
@@ -159,6 +161,22 @@ def tune_m(problem: Problem, num_tokens: int, deadline: float, log) -> tuple[dic
     return best, best_ms
 
 
+def time_config(problem: Problem, num_tokens: int, config: dict) -> float:
+    """ms of one gate_up + down pair under `config` (as fused_moe would clamp it)."""
+    act_bytes = torch.tensor([], dtype=problem.act_dtype).element_size()
+    w_bytes = 1 if problem.use_fp8 else act_bytes
+    up_cfg, down_cfg = split_config(config)
+    up_cfg = fit_config(up_cfg, 1 if problem.use_fp8 else act_bytes, w_bytes, True, problem.use_fp8)
+    down_cfg = fit_config(down_cfg, 1 if problem.use_fp8 else act_bytes, w_bytes, False, problem.use_fp8)
+    gate_up_timer, down_timer = problem.timers(num_tokens, up_cfg["BLOCK_SIZE_M"])
+    return gate_up_timer(up_cfg) + down_timer(down_cfg)
+
+
+def gemm_tflops(args: argparse.Namespace, inter: int, num_tokens: int, ms: float) -> float:
+    """Achieved TFLOP/s of both GEMMs (2 * M * K * (2I * H + H * I) FLOPs)."""
+    return 2 * num_tokens * args.top_k * 3 * inter * args.hidden / (ms * 1e-3) / 1e12
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--experts", type=int, default=256)
@@ -170,6 +188,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--budget-s", type=float, default=240.0, help="deadline for the whole run")
     parser.add_argument("--out-dir", type=Path, default=CONFIG_DIR)
     parser.add_argument("--quick", action="store_true", help="tiny shape, two M: a smoke run (CPU is fine)")
+    parser.add_argument("--report", type=Path, default=None,
+                        help="CSV: per M the tuned config's time next to the untuned heuristic's")
     args = parser.parse_args(argv)
     if args.quick:
         args.experts, args.hidden, args.top_k, args.inter = 8, 64, 2, [32]
@@ -179,6 +199,7 @@ def main(argv: list[str] | None = None) -> None:
         [m for m in (args.m or ()) if m not in VISIT_ORDER]
     start = time.monotonic()
     args.out_dir.mkdir(parents=True, exist_ok=True)
+    report_rows: list[dict] = []
     for shape_index, inter in enumerate(args.inter):
         shape_deadline = start + args.budget_s * (shape_index + 1) / len(args.inter)
         problem = Problem(args, inter, device)
@@ -192,12 +213,31 @@ def main(argv: list[str] | None = None) -> None:
             if cfg is not None:
                 table[num_tokens] = cfg
                 bar.set_postfix_str(f"M={num_tokens} {ms:.4f} ms BM={cfg['BLOCK_SIZE_M']}")
+                if args.report is not None:
+                    untuned_ms = time_config(problem, num_tokens,
+                                             default_config(num_tokens, args.experts, args.top_k, args.dtype))
+                    report_rows.append({"experts": args.experts, "hidden": args.hidden, "top_k": args.top_k,
+                                        "inter": inter, "dtype": args.dtype, "M": num_tokens,
+                                        "untuned_ms": round(untuned_ms, 5), "tuned_ms": round(ms, 5),
+                                        "speedup": round(untuned_ms / ms, 3),
+                                        "tuned_tflops": round(gemm_tflops(args, inter, num_tokens, ms), 1)})
         path = args.out_dir / config_file_name(args.experts, inter, device_name(), args.dtype)
         path.write_text(json.dumps({str(m): table[m] for m in sorted(table)}, indent=2) + "\n")
         print(f"wrote {path} ({len(table)} M values, {time.monotonic() - start:.0f} s elapsed)")
         del problem
         if device == "cuda":
             torch.cuda.empty_cache()
+    if args.report is not None and report_rows:
+        import csv
+
+        args.report.parent.mkdir(parents=True, exist_ok=True)
+        new_file = not args.report.exists()
+        with args.report.open("a", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(report_rows[0]))
+            if new_file:
+                writer.writeheader()
+            writer.writerows(report_rows)
+        print(f"wrote {args.report}")
 
 
 if __name__ == "__main__":
