@@ -7,6 +7,7 @@ from __future__ import annotations
 from runtime.server.detokenizer import IncrementalDetokenizer
 from runtime.server.ipc import Addresses, BatchOutput, BatchText, ControlReply, RequestOutput, TextOutput
 from runtime.server.stop_strings import StopStringMatcher
+from runtime.server.token_pieces import TokenPieces
 from runtime.server.tokenizer import Tokenizer
 
 
@@ -16,6 +17,7 @@ class Detokenizer:
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
+        self.pieces = TokenPieces(tokenizer)
         self._states: dict[str, tuple[IncrementalDetokenizer, StopStringMatcher | None]] = {}
 
     def __len__(self) -> int:
@@ -40,7 +42,8 @@ class Detokenizer:
             text = stop.feed(text) + (stop.flush() if out.finish is not None else "")
         if out.finish is not None:
             del self._states[out.rid]
-        return TextOutput(out.rid, text, out.token_ids, out.finish)
+        logprobs = self.pieces.fill(out.logprobs) if out.logprobs is not None else None
+        return TextOutput(out.rid, text, out.token_ids, out.finish, logprobs)
 
 
 def run_detokenizer(addresses: Addresses, tokenizer_path: str | None, vocab_size: int, parent_pid: int) -> None:

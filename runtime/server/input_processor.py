@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from runtime.core.request import SamplingParams
+from runtime.engine.logprob_params import LogprobSamplingParams
 from runtime.server.detokenizer import NUM_PROMPT_CONTEXT_TOKENS
 from runtime.server.errors import APIError
 from runtime.server.ipc import DetokSpec, TokenizedRequest
@@ -73,7 +74,10 @@ class InputProcessor:
         values["max_new_tokens"] = max_new
         values["stop_token_ids"] = tuple(sorted(set(values.get("stop_token_ids", ())) | set(self.eos_token_ids)))
         try:
-            sampling = SamplingParams(**values)
+            if gi.top_logprobs_num is None:
+                sampling = SamplingParams(**values)
+            else:
+                sampling = LogprobSamplingParams(**values, top_logprobs_num=gi.top_logprobs_num)
         except (ValueError, TypeError) as err:
             raise APIError(str(err), param=str(err).split(" ")[0]) from err
         detok = DetokSpec(ids[-NUM_PROMPT_CONTEXT_TOKENS:], gi.stop_strs, gi.skip_special_tokens)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 from runtime.core.request import SamplingParams
 
@@ -80,14 +80,33 @@ class Finish:
     ttft_s: float | None
 
 
+class TokenLogprob(NamedTuple):
+    """A token's log-probability under the distribution its position was sampled from; `text` (the
+    token alone, decoded) and `utf8` (its bytes) are filled in by the detokenizer."""
+
+    logprob: float
+    token_id: int
+    text: Optional[str] = None
+    utf8: Optional[bytes] = None
+
+
+class PositionLogprobs(NamedTuple):
+    """One output position: the sampled token and the most likely ones (descending)."""
+
+    sampled: TokenLogprob
+    top: list[TokenLogprob]
+
+
 @dataclass
 class RequestOutput:
-    """New tokens of one request since its last output; `detok` on the first one."""
+    """New tokens of one request since its last output; `detok` on the first one; `logprobs`, one per
+    token, when the request asked for them."""
 
     rid: str
     token_ids: list[int]
     finish: Optional[Finish] = None
     detok: Optional[DetokSpec] = None
+    logprobs: Optional[list[PositionLogprobs]] = None
 
 
 @dataclass
@@ -113,6 +132,7 @@ class TextOutput:
     text: str                              # new text since the last output
     token_ids: list[int]
     finish: Optional[Finish] = None
+    logprobs: Optional[list[PositionLogprobs]] = None   # one per token id, with the tokens' text
 
 
 @dataclass

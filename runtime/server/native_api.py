@@ -9,9 +9,10 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from runtime.server.ipc import Finish, TextOutput
+from runtime.server.ipc import Finish, PositionLogprobs, TextOutput
+from runtime.server.logprob_format import native_logprobs
 from runtime.server.openai_api import parse
-from runtime.server.outputs import collect_outputs, gather, native_finish, sse, stream_outputs
+from runtime.server.outputs import collect_outputs, gather, gather_logprobs, native_finish, sse, stream_outputs
 from runtime.server.protocol import AbortRequest, GenerateRequest
 from runtime.server.tokenizer_manager import ReqState, TokenizerManager
 
@@ -19,16 +20,18 @@ router = APIRouter()
 
 
 class _Accumulated:
-    """Cumulative text and ids of one request, and its meta_info."""
+    """Cumulative text, ids (and log-probabilities, when asked) of one request, and its meta_info."""
 
-    def __init__(self, state: ReqState) -> None:
-        self.state = state
+    def __init__(self, state: ReqState, req: GenerateRequest) -> None:
+        self.state, self.req = state, req
         self.text, self.ids = "", []
+        self.logprobs: list[PositionLogprobs] = []
 
     def add(self, outs: list[TextOutput]) -> None:
         text, ids = gather(outs)
         self.text += text
         self.ids += ids
+        self.logprobs += gather_logprobs(outs)
 
     def body(self) -> dict:
         finish: Finish | None = self.state.finish
@@ -39,6 +42,9 @@ class _Accumulated:
                 "e2e_latency": time.perf_counter() - self.state.arrival_s}
         if finish is not None:
             meta["completion_tokens"] = finish.completion_tokens
+        if self.req.return_logprob:
+            meta.update(native_logprobs(self.logprobs, self.req.top_logprobs_num or 0,
+                                        self.req.return_text_in_logprobs))
         return {"text": self.text, "output_ids": list(self.ids), "meta_info": meta}
 
 
@@ -48,7 +54,7 @@ async def generate(http: Request):
     manager: TokenizerManager = http.app.state.manager
     gi = req.generate_input()
     state = manager.submit(gi, "generate")
-    acc = _Accumulated(state)
+    acc = _Accumulated(state, req)
     if gi.stream:
         return StreamingResponse(_stream(manager, state, acc), media_type="text/event-stream")
     acc.add(await collect_outputs(manager, state, http))

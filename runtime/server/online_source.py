@@ -12,12 +12,14 @@ from typing import Callable
 
 import zmq
 
+from runtime.core.batch import ScheduledItem
 from runtime.core.request import FinishReason, Request
 from runtime.core.scheduler import Scheduler
+from runtime.engine.logprob_params import top_logprobs_num
 from runtime.server.detokenizer import IncrementalDetokenizer
 from runtime.server.ipc import (
-    AbortReq, BatchOutput, ControlReply, ControlReq, DetokSpec, Finish, RequestOutput, SchedulerStats,
-    TokenizedRequest,
+    AbortReq, BatchOutput, ControlReply, ControlReq, DetokSpec, Finish, PositionLogprobs, RequestOutput,
+    SchedulerStats, TokenizedRequest, TokenLogprob,
 )
 from runtime.server.stop_strings import StopStringMatcher
 from runtime.server.tokenizer import Tokenizer
@@ -35,6 +37,7 @@ class _Tracked:
     detok_sent: bool = False
     text: IncrementalDetokenizer | None = None     # only with stop strings
     stop: StopStringMatcher | None = None
+    logprobs: dict[int, PositionLogprobs] | None = None   # by output index, until sent; None: not asked
 
     @property
     def stopped(self) -> bool:
@@ -113,6 +116,21 @@ class OnlineSource:
             elif new:
                 self._output(t, new)
 
+    def on_logprobs(self, items: list[ScheduledItem], logprobs: list) -> None:
+        """A step's log-probabilities (StepResult.logprobs, one per sampling item), kept by output index
+        until their tokens are sent: an item counts where the scheduler's `resolve` placed its token."""
+        for item, entry in zip(items, logprobs):
+            if entry is None or item.dropped:
+                continue
+            req = item.request
+            t = self.tracked.get(req.rid)
+            index = item.num_prefix_tokens + item.num_new_tokens - len(req.input_ids)
+            if t is None or t.logprobs is None or index >= len(req.output_ids):
+                continue
+            token_logprob, top = entry
+            t.logprobs[index] = PositionLogprobs(TokenLogprob(token_logprob, req.output_ids[index]),
+                                                 [TokenLogprob(value, token) for token, value in top])
+
     def on_finished(self, requests: list[Request], now_s: float) -> None:
         for req in requests:
             self.finished.append(req)
@@ -150,7 +168,10 @@ class OnlineSource:
             detok, t.detok_sent = t.detok, True
             self.prompt_tokens_total += len(t.request.input_ids)
             self.cached_tokens_total += t.request.num_cached_tokens
-        self._outputs.append(RequestOutput(t.request.rid, token_ids, finish, detok))
+        logprobs = None
+        if t.logprobs is not None:            # the entries of the tokens just taken (num_sent counts them)
+            logprobs = [t.logprobs.pop(i) for i in range(t.num_sent - len(token_ids), t.num_sent)]
+        self._outputs.append(RequestOutput(t.request.rid, token_ids, finish, detok, logprobs))
 
     def _take_new_tokens(self, t: _Tracked) -> list[int]:
         """Output tokens not sent yet; with stop strings, only those up to the one completing a stop.
@@ -177,7 +198,7 @@ class OnlineSource:
     def _admit(self, msg: TokenizedRequest) -> Request | None:
         arrival = max(0.0, msg.arrival_clock_s - self._clock_offset_s)
         req = Request(rid=msg.rid, input_ids=list(msg.input_ids), sampling=msg.sampling, arrival_s=arrival)
-        t = _Tracked(req, msg.detok)
+        t = _Tracked(req, msg.detok, logprobs={} if top_logprobs_num(msg.sampling) is not None else None)
         if msg.detok.stop_strs:
             t.text = IncrementalDetokenizer(self.tokenizer, msg.detok.prompt_tail_ids, msg.detok.skip_special_tokens)
             t.stop = StopStringMatcher(msg.detok.stop_strs)

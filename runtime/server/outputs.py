@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable
 
 from starlette.requests import Request as HTTPRequest
 
-from runtime.server.ipc import Finish, TextOutput
+from runtime.server.ipc import Finish, PositionLogprobs, TextOutput
 from runtime.server.tokenizer_manager import ReqState, TokenizerManager
 
 DISCONNECT_POLL_S = 1.0
@@ -86,3 +86,8 @@ def native_finish(finish: Finish) -> dict:
 def gather(outs: list[TextOutput]) -> tuple[str, list[int]]:
     """Text and token ids of a list of outputs, concatenated."""
     return "".join(o.text for o in outs), [t for o in outs for t in o.token_ids]
+
+
+def gather_logprobs(outs: list[TextOutput]) -> list[PositionLogprobs]:
+    """The log-probabilities of a list of outputs' tokens, concatenated (empty when not asked)."""
+    return [p for o in outs for p in (o.logprobs or ())]

@@ -11,9 +11,15 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from runtime.engine.logprob_params import MAX_TOP_LOGPROBS
 from runtime.server.errors import APIError
 
-LOGPROBS_UNSUPPORTED = ("logprobs are not supported yet: the model runner returns sampled token ids only")
+MAX_COMPLETION_LOGPROBS = 5      # the legacy completions API's limit
+
+
+def _check_top_count(value: int, limit: int, param: str) -> None:
+    if not 0 <= value <= limit:
+        raise APIError(f"{param}={value}: must be between 0 and {limit}", param=param)
 
 
 class _Strict(BaseModel):
@@ -106,14 +112,15 @@ class ChatCompletionRequest(_OpenAISampling):
         if self.max_tokens is not None and self.max_completion_tokens is not None \
                 and self.max_tokens != self.max_completion_tokens:
             raise APIError("give max_tokens or max_completion_tokens, not two different values", param="max_tokens")
-        if self.top_logprobs is not None and not self.logprobs:
-            raise APIError("top_logprobs needs logprobs=true", param="top_logprobs")
-        if self.logprobs:
-            raise APIError(LOGPROBS_UNSUPPORTED, param="logprobs", code="unsupported")
+        if self.top_logprobs is not None:
+            if not self.logprobs:
+                raise APIError("top_logprobs needs logprobs=true", param="top_logprobs")
+            _check_top_count(self.top_logprobs, MAX_TOP_LOGPROBS, "top_logprobs")
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
         return GenerateInput(messages=[{"role": m.role, "content": m.text()} for m in self.messages],
                              sampling=self.sampling(max_tokens), stop_strs=self.stop_strs(), stream=self.stream,
-                             rid=self.rid, skip_special_tokens=self.skip_special_tokens)
+                             rid=self.rid, skip_special_tokens=self.skip_special_tokens,
+                             top_logprobs_num=(self.top_logprobs or 0) if self.logprobs else None)
 
 
 class CompletionRequest(_OpenAISampling):
@@ -129,12 +136,12 @@ class CompletionRequest(_OpenAISampling):
                                param="prompt", code="unsupported")
             prompt = prompt[0]
         if self.logprobs is not None:
-            raise APIError(LOGPROBS_UNSUPPORTED, param="logprobs", code="unsupported")
+            _check_top_count(self.logprobs, MAX_COMPLETION_LOGPROBS, "logprobs")
         text, ids = (prompt, None) if isinstance(prompt, str) else (None, list(prompt))
         return GenerateInput(text=text, input_ids=ids, sampling=self.sampling(self.max_tokens if self.max_tokens
                                                                                  is not None else 16),
                              stop_strs=self.stop_strs(), stream=self.stream, rid=self.rid,
-                             skip_special_tokens=self.skip_special_tokens)
+                             skip_special_tokens=self.skip_special_tokens, top_logprobs_num=self.logprobs)
 
 
 class NativeSampling(_Strict):
@@ -161,10 +168,14 @@ class GenerateRequest(_Strict):
     stream: bool = False
     rid: Optional[str] = None
     return_logprob: bool = False
+    top_logprobs_num: Optional[int] = None
+    logprob_start_len: Optional[int] = None
+    return_text_in_logprobs: bool = False
 
     def generate_input(self) -> "GenerateInput":
         if (self.text is None) == (self.input_ids is None):
             raise APIError("give exactly one of text or input_ids", param="text")
+        self._reject_unsupported({"token_ids_logprob": None})
         sp = self.sampling_params
         sampling: dict[str, Any] = {"max_new_tokens": sp.max_new_tokens, "ignore_eos": sp.ignore_eos}
         for key in ("temperature", "top_p", "top_k", "min_p"):
@@ -178,11 +189,18 @@ class GenerateRequest(_Strict):
         stops = (sp.stop,) if isinstance(sp.stop, str) else tuple(sp.stop or ())
         if any(s == "" for s in stops):
             raise APIError("stop strings must not be empty", param="sampling_params.stop")
-        if self.return_logprob:
-            raise APIError(LOGPROBS_UNSUPPORTED, param="return_logprob", code="unsupported")
         return GenerateInput(text=self.text, input_ids=self.input_ids, sampling=sampling, stop_strs=stops,
                              stream=self.stream, rid=self.rid,
-                             skip_special_tokens=sp.skip_special_tokens)
+                             skip_special_tokens=sp.skip_special_tokens, top_logprobs_num=self._top_logprobs_num())
+
+    def _top_logprobs_num(self) -> Optional[int]:
+        """As SGLang: the logprob fields count only with return_logprob; output tokens only."""
+        if self.top_logprobs_num is not None:
+            _check_top_count(self.top_logprobs_num, MAX_TOP_LOGPROBS, "top_logprobs_num")
+        if self.logprob_start_len not in (None, -1):
+            raise APIError(f"logprob_start_len={self.logprob_start_len}: input-token logprobs are not supported; "
+                           "only -1 (output tokens only)", param="logprob_start_len", code="unsupported")
+        return (self.top_logprobs_num or 0) if self.return_logprob else None
 
 
 class AbortRequest(_Strict):
@@ -203,3 +221,4 @@ class GenerateInput:
     stream: bool = False
     rid: Optional[str] = None
     skip_special_tokens: bool = True
+    top_logprobs_num: Optional[int] = None     # None: no log-probabilities; k: the token's and the top k

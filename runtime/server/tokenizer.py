@@ -26,6 +26,9 @@ class Tokenizer(Protocol):
     def eos_token_id(self) -> int | None: ...
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (log-probability entries report them)."""
+        ...
     def apply_chat_template(
         self, messages: Sequence[Message], add_generation_prompt: bool = True
     ) -> str: ...
@@ -94,6 +97,12 @@ class ByteTokenizer:
         pieces.append(run.decode("utf-8", errors="replace"))
         return "".join(pieces)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The byte itself (even half of a UTF-8 character); a special token's text; b"" otherwise."""
+        if token_id < self.NUM_BYTES:
+            return bytes([token_id])
+        return self.SPECIAL_TEXT.get(token_id, "").encode("utf-8")
+
     def apply_chat_template(
         self, messages: Sequence[Message], add_generation_prompt: bool = True
     ) -> str:
@@ -127,6 +136,10 @@ class HFTokenizer:
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.hf_tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """UTF-8 of the token decoded alone (as SGLang reports it: a piece of a character is U+FFFD)."""
+        return self.decode([token_id], skip_special_tokens=False).encode("utf-8")
 
     def apply_chat_template(
         self, messages: Sequence[Message], add_generation_prompt: bool = True

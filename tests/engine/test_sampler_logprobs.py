@@ -14,7 +14,7 @@ import torch
 
 from experiments.compose import compose_config
 from runtime.build import build_core
-from runtime.core.request import Request, RequestSpec, SamplingParams
+from runtime.core.request import RequestSpec, SamplingParams
 from runtime.driver import RealDriver
 from runtime.engine.forward_batch import ForwardBatch
 from runtime.engine.logprob_params import LogprobSamplingParams, top_logprobs_num
