@@ -80,6 +80,25 @@ def test_masked_logits_stay_finite() -> None:
     assert all(math.isfinite(v) for _, v in top) and top[-1][1] < -1e30
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_logprobs_reach_pinned_host_buffers_and_match_the_cpu() -> None:
+    logits = _logits(4)
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.6, seed=2)] * 2
+    top_nums = [3, None, 0, 5]
+    cpu_ids = Sampler().sample(logits, params, [1] * 4)
+    cpu = Sampler().logprobs(logits, params, cpu_ids, top_nums)
+    assert cpu.to_host() is cpu
+    gpu_logits, sampler = logits.cuda(), Sampler("cuda")
+    gpu = sampler.logprobs(gpu_logits, params, cpu_ids.cuda(), top_nums).to_host()
+    assert gpu.token_logprobs.is_pinned() and gpu.top_ids.is_pinned()
+    torch.cuda.synchronize()
+    for a, b in zip(gpu.entries(4), cpu.entries(4)):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert abs(a[0] - b[0]) < 1e-4 and [t for t, _ in a[1]] == [t for t, _ in b[1]]
+
+
 def test_logprob_params_validate_the_top_count() -> None:
     assert top_logprobs_num(SamplingParams()) is None
     assert top_logprobs_num(LogprobSamplingParams(top_logprobs_num=4)) == 4

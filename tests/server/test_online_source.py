@@ -13,6 +13,7 @@ from runtime.build import build_core  # noqa: E402
 from runtime.core.batch import StepResult  # noqa: E402
 from runtime.core.request import SamplingParams  # noqa: E402
 from runtime.driver import RealDriver  # noqa: E402
+from runtime.engine.logprob_params import LogprobSamplingParams  # noqa: E402
 from runtime.server.ipc import (  # noqa: E402
     AbortReq, BatchOutput, ControlReply, ControlReq, DetokSpec, TokenizedRequest,
 )
@@ -52,8 +53,9 @@ class Harness:
     def send(self, msg):
         self.send_socket.send_pyobj(msg)
 
-    def request(self, rid: str, max_new_tokens: int, stops=()):
-        sampling = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
+    def request(self, rid: str, max_new_tokens: int, stops=(), top_logprobs_num: int | None = None):
+        sampling = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True) if top_logprobs_num is None \
+            else LogprobSamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True, top_logprobs_num=top_logprobs_num)
         self.send(TokenizedRequest(rid, [1, 2, 3, 4], sampling, 0.0, DetokSpec([4], stop_strs=tuple(stops))))
 
     def receive_until(self, done, timeout_ms: int = 20000) -> list:
@@ -115,3 +117,32 @@ def test_abort_and_shutdown_free_everything(tmp_path):
     h.close()
     assert {r.rid: r.finish_reason.value for r in h.outcome.requests} == {"long": "abort", "cut by shutdown": "abort"}
     assert not h.scheduler.has_work() and h.scheduler.kv.used_tokens() == h.scheduler.kv.cache.total_size()
+
+
+def letters_with_logprobs(plan) -> StepResult:
+    """`letters`, and for requests that ask, logprob -(i + 1) for output token i (top: that token, then 0)."""
+    result = letters(plan)
+    result.logprobs = [None if not isinstance(it.request.sampling, LogprobSamplingParams) else
+                       (-(len(it.request.output_ids) + 1.0), [(token, -(len(it.request.output_ids) + 1.0)), (0, -99.0)])
+                       for it, token in zip(plan.sampling_items, result.next_token_ids)]
+    return result
+
+
+def test_logprobs_travel_with_their_tokens_and_stop_at_the_stop_string(tmp_path):
+    h = Harness(tmp_path, execute=letters_with_logprobs)
+    try:
+        h.request("asks", 6, top_logprobs_num=2)
+        h.request("stopped", 50, stops=["DE"], top_logprobs_num=1)
+        h.request("plain", 3)
+        msgs = h.receive_until(lambda m: all(finished(r)(m) for r in ("asks", "stopped", "plain")))
+    finally:
+        h.close()
+    assert all(o.logprobs is None for o in outputs_of(msgs, "plain"))
+    for rid, num_tokens in (("asks", 6), ("stopped", 5)):
+        outs = outputs_of(msgs, rid)
+        assert all(len(o.logprobs) == len(o.token_ids) for o in outs)
+        positions = [p for o in outs for p in o.logprobs]
+        assert [p.sampled.token_id for p in positions] == [t for o in outs for t in o.token_ids]
+        assert [p.sampled.logprob for p in positions] == [-(i + 1.0) for i in range(num_tokens)]
+        assert all(p.top[0].token_id == p.sampled.token_id for p in positions)
+    assert h.source.tracked == {}
