@@ -37,7 +37,7 @@ WORKLOADS = {       # in the order the GPU job runs them
     "mooncake_conversation_120": ["workload=mooncake_conversation", "workload.num_requests=120",
                                   f"workload.path={TRACES / 'mooncake_conversation_head.jsonl'}"],
 }
-COST_MODELS = ("profiled", "roofline")
+COST_MODELS = ("profiled", "roofline", "roofline_fitted")
 QUIET = ["progress=false", "print_summary=false"]
 
 
