@@ -1,6 +1,6 @@
 """Roofline cost model: each operator costs max(FLOPs / achieved FLOP/s, bytes / achieved B/s).
 
-numpy only; no torch, no simpy, no clock. Operators follow SGLang's kernels for one DP
+numpy (yaml for a fit file); no torch, no simpy, no clock. Operators follow SGLang's kernels for one DP
 replica (every GPU of a TP group does the same work in parallel, so per-GPU time is step time);
 pipeline stages run one after another (no micro-batch overlap).
 """
