@@ -1,7 +1,9 @@
 """`mode=real` serving benchmarks on one GPU, measured inside serving runs: offline throughput at
-fixed lengths (overlap on and off side by side), decode over long contexts, batch-1 decode, the
-default workload, and the offline Engine against the same work through the driver. One model
-runner (weights, CUDA graphs, JIT warm-up) serves every scenario; each gets a fresh scheduler.
+fixed lengths (overlap on and off, piecewise CUDA graphs on and off, side by side), online Poisson
+arrivals with short prompts, decode over long contexts, batch-1 decode, the default workload, and the
+offline Engine against the same work through the driver. One model runner (weights, CUDA graphs, JIT
+warm-up) serves every scenario; each gets a fresh scheduler ("_no_piecewise" scenarios set the runner's
+piecewise graphs aside for their run).
 
   python experiments/bench_real_serving.py --out experiments/results/h200/real_serving [--quick]
 
@@ -27,6 +29,10 @@ from runtime.records_io import requests_frame, steps_frame
 
 FIXED = ["workload=random", "workload.range_ratio=1.0", "real.as_fast_as_possible=true"]
 
+# Poisson arrivals, prompts of 128-512 tokens: prefill steps of a few hundred tokens between decodes
+ONLINE = ["workload=random", "workload.num_requests=400", "workload.input_len=512", "workload.output_len=128",
+          "workload.range_ratio=0.25", "workload.request_rate=16"]
+
 # name -> (overrides, overlap)
 SCENARIOS = {
     "offline_1000in_1000out": (FIXED + ["workload.num_requests=500", "workload.input_len=1000",
@@ -37,6 +43,10 @@ SCENARIOS = {
                                        "workload.output_len=100"], True),
     "offline_1000in_100out_no_overlap": (FIXED + ["workload.num_requests=1000", "workload.input_len=1000",
                                                   "workload.output_len=100"], False),
+    "offline_1000in_100out_no_piecewise": (FIXED + ["workload.num_requests=1000", "workload.input_len=1000",
+                                                    "workload.output_len=100"], True),
+    "online_poisson_16rps": (ONLINE, True),
+    "online_poisson_16rps_no_piecewise": (ONLINE, True),
     "long_context_12k": (FIXED + ["workload.num_requests=96", "workload.input_len=12000",
                                   "workload.output_len=256"], True),
     "batch1_decode": (FIXED + ["workload.num_requests=4", "workload.input_len=1000", "workload.output_len=256",
@@ -117,16 +127,24 @@ def main() -> None:
     rows, kinds = [], []
     for name in names:
         overrides, overlap = SCENARIOS[name]
-        s = run_scenario(runner, base, overrides, overlap, out / name)
+        piecewise = runner.piecewise
+        if name.endswith("_no_piecewise"):
+            runner.piecewise = None
+        try:
+            s = run_scenario(runner, base, overrides, overlap, out / name)
+        finally:
+            runner.piecewise = piecewise
         steps = s.pop("_steps")
         ideal = ideal_step_s(steps, ideal_model(s.pop("_model"), s.pop("_hardware")))
         table = step_kind_table(steps, ideal).assign(scenario=name)
         kinds.append(table)
         decode = steps[(steps["num_prefill_tokens"] == 0)]
-        rows.append({"scenario": name, "overlap": overlap, "requests": s["num_requests"],
+        rows.append({"scenario": name, "overlap": overlap, "piecewise": piecewise is not None
+                     and not name.endswith("_no_piecewise"), "requests": s["num_requests"],
                      "duration_s": s["duration_s"], "req_per_s": s["throughput"]["requests_per_s"],
                      "out_tok_per_s": s["throughput"]["output_tokens_per_s"],
-                     "ttft_mean_ms": 1e3 * s["ttft_s"]["mean"], "tpot_mean_ms": 1e3 * s["tpot_s"]["mean"],
+                     "ttft_mean_ms": 1e3 * s["ttft_s"]["mean"], "ttft_p99_ms": 1e3 * s["ttft_s"]["p99"],
+                     "tpot_mean_ms": 1e3 * s["tpot_s"]["mean"],
                      "decode_step_p50_ms": 1e3 * (decode["end_s"] - decode["start_s"]).median(),
                      "device_idle_pct": 100 * device_idle_share(steps), "steps": len(steps)})
         print(pd.DataFrame(rows[-1:]).to_string(index=False), flush=True)

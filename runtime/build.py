@@ -42,10 +42,22 @@ def kv_capacity_from_config(cfg: DictConfig, model: ModelSpec, hardware: Hardwar
     if cfg.kv.capacity_tokens is not None:
         return int(cfg.kv.capacity_tokens)
     fraction = float(cfg.kv.mem_fraction_static)
-    memory = runtime_memory(model, layout, scheduler_config(cfg))
+    memory = runtime_memory(model, layout, scheduler_config(cfg), graph_pool_tokens=piecewise_graph_tokens(cfg))
     check_fits(memory, hardware, fraction)
     return kv_capacity_tokens(model, hardware, layout, kv_dtype_bytes=int(cfg.kv.dtype_bytes),
                               mem_fraction_static=fraction, activation_reserve_bytes=memory.slot_table_bytes)
+
+
+def piecewise_graph_tokens(cfg: DictConfig) -> int:
+    """New tokens of the largest step the real runtime captures as piecewise CUDA graphs (0: none), as
+    runtime/engine/build_runner.py decides it."""
+    real = cfg.get("real")
+    if real is None or not (real.get("fast_path") and real.get("cuda_graph") and real.get("piecewise_cuda_graph")):
+        return 0
+    if real.get("piecewise_cuda_graph_max_tokens") is not None:
+        return int(real.piecewise_cuda_graph_max_tokens)
+    chunk = int(cfg.scheduler.chunked_prefill_size)
+    return chunk if chunk > 0 else int(cfg.scheduler.max_prefill_tokens)
 
 
 def scheduler_config(cfg: DictConfig) -> SchedulerConfig:

@@ -55,6 +55,8 @@ class RealSchema:
     fast_path: bool = True               # CUDA only: FlashInfer/Triton MLA + Triton fused MoE
     cuda_graph: bool = True              # CUDA only, needs fast_path and an MLA model: decode graphs
     cuda_graph_max_bs: Optional[int] = None   # largest captured decode batch; null = scheduler.max_running_requests
+    piecewise_cuda_graph: bool = True    # CUDA, fast path, one GPU: extend/mixed steps replay per-layer graph pieces
+    piecewise_cuda_graph_max_tokens: Optional[int] = None   # largest captured step; null = the largest prefill chunk
     dist_timeout_s: float = 600.0        # tp/dp > 1: a collective waiting longer fails (a peer hung); idle leaders ping
 
 

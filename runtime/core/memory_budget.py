@@ -38,10 +38,12 @@ def slot_table_rows(config: SchedulerConfig) -> int:
     return config.max_running_requests + SLOT_TABLE_EXTRA_ROWS
 
 
-def runtime_memory(model: ModelSpec, layout: ParallelLayout, config: SchedulerConfig) -> RuntimeMemory:
+def runtime_memory(model: ModelSpec, layout: ParallelLayout, config: SchedulerConfig,
+                   graph_pool_tokens: int = 0) -> RuntimeMemory:
     """Upper bounds per GPU for the largest step: `max(chunked_prefill_size, max_prefill_tokens,
     max_running_requests)` new tokens (mixed steps add decodes to a chunk), `max_running_requests`
-    rows of logits."""
+    rows of logits. graph_pool_tokens: the largest step captured as piecewise CUDA graphs, whose
+    activations stay allocated in the graphs' pool beside the eager attention's (0: none)."""
     chunk = config.chunked_prefill_size if config.chunked_prefill_size > 0 else config.max_prefill_tokens
     tokens = max(chunk, config.max_running_requests) + (config.max_running_requests if config.enable_mixed_chunk else 0)
     tp = layout.tp
@@ -60,7 +62,7 @@ def runtime_memory(model: ModelSpec, layout: ParallelLayout, config: SchedulerCo
     rows = slot_table_rows(config)
     table = rows * (model.max_context_tokens + 2) * 4
     sampler = config.max_running_requests * model.vocab_size * 4 * SAMPLER_VOCAB_BUFFERS
-    return RuntimeMemory(table, tokens * per_token, sampler)
+    return RuntimeMemory(table, (tokens + min(graph_pool_tokens, tokens)) * per_token, sampler)
 
 
 def check_fits(memory: RuntimeMemory, hardware: HardwareSpec, mem_fraction_static: float) -> None:

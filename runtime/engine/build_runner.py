@@ -7,7 +7,7 @@ import time
 
 from omegaconf import DictConfig
 
-from runtime.build import CoreComponents
+from runtime.build import CoreComponents, piecewise_graph_tokens
 from runtime.distributed.sharding import SINGLE, ModelParallel
 from runtime.engine.fast_path import FastPathConfig
 from runtime.engine.model_runner import ModelRunner, resolve_device
@@ -44,7 +44,9 @@ def build_model_runner(cfg: DictConfig, core: CoreComponents, warmup: bool | Non
                          "kv.capacity_tokens")
     config = core.scheduler.config
     fast = FastPathConfig(enabled=bool(cfg.real.fast_path), cuda_graph=bool(cfg.real.cuda_graph),
-                          cuda_graph_max_bs=graph_max_batch_size(cfg), progress=bool(cfg.progress))
+                          cuda_graph_max_bs=graph_max_batch_size(cfg), progress=bool(cfg.progress),
+                          piecewise_cuda_graph=bool(cfg.real.get("piecewise_cuda_graph", False)),
+                          piecewise_max_tokens=max(1, piecewise_graph_tokens(cfg)))
     runner = ModelRunner(dict(core.model.hf_config), core.kv_capacity_tokens, device=str(device),
                          dtype=cfg.real.dtype, load_format=load_format(cfg, core.model.path),
                          path=core.model.path, seed=int(cfg.seed), fast=fast,

@@ -43,6 +43,9 @@ class FastPathConfig:
     cuda_graph: bool = True              # capture decode steps (MLA models with the fast path only)
     cuda_graph_max_bs: int = 1024        # largest captured decode batch; larger batches run eagerly
     cuda_graph_batch_sizes: tuple[int, ...] | None = None   # explicit sizes (benchmarks); None = the grid
+    piecewise_cuda_graph: bool = False   # extend/mixed steps through per-layer graph pieces (attention eager)
+    piecewise_max_tokens: int = 8192     # largest captured step (new tokens); larger steps run eagerly
+    piecewise_token_buckets: tuple[int, ...] | None = None   # explicit sizes (tests, benchmarks); None = the grid
     mla_kernel: str = "auto"             # attention kernel, MLA and GQA: auto (FlashInfer when importable) | flashinfer | triton
     fused_small_ops: bool = True         # Triton add+RMSNorm / RMSNorm / SiLU-and-mul / rotary in the model
     progress: bool = True                # tqdm bar during capture

@@ -61,6 +61,7 @@ class ModelRunner:
         self.step_sender: Callable[[StepInputs], None] | None = None   # TP leader: hands each step to its peers
         self.attn_backend = None      # FastMLABackend when the fast path is on
         self.graphs = None            # CudaGraphRunner when decode graphs are captured
+        self.piecewise = None         # PiecewiseGraphRunner when extend steps replay graph pieces
         if fast is not None and fast.enabled:
             self.attn_backend = enable_fast_path(self.model, config, self.dtype, self.device, fast.mla_kernel,
                                                  fast.fused_small_ops)
@@ -76,6 +77,12 @@ class ModelRunner:
         self.batches = BatchBuilder(rows, columns, self.device, self.future)
         if use_graphs:
             self.graphs = self._capture(fast, num_kv_slots)
+        if use_graphs and fast.piecewise_cuda_graph:
+            if parallel.sharded or self.model.small_ops is None:
+                warnings.warn("piecewise CUDA graphs run on one GPU with the fused small ops; extend steps "
+                              "run eagerly")
+            else:
+                self.piecewise = self._capture_piecewise(fast)
         self._sync()
         self.load_time_s = time.perf_counter() - start
 
@@ -89,16 +96,23 @@ class ModelRunner:
                                sizes, dummy_slot=num_kv_slots, max_kv_tokens=max_kv_tokens, device=self.device,
                                progress=fast.progress)
 
+    def _capture_piecewise(self, fast: FastPathConfig):
+        from runtime.engine.piecewise_graph_runner import PiecewiseGraphRunner, extend_token_buckets
+
+        buckets = list(fast.piecewise_token_buckets or extend_token_buckets(fast.piecewise_max_tokens))
+        return PiecewiseGraphRunner(self.model, self.pool, self.attn_backend, buckets, self.device,
+                                    progress=fast.progress)
+
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
     @torch.no_grad()
     def forward(self, fb: ForwardBatch, path: str = "auto") -> torch.Tensor:
-        """Logits [B, V] (float32). path: auto (graph replay when a decode batch fits a captured
-        size, else eager), eager (fast kernels, no graphs), reference (torch reference kernels).
-        Without a fast path every choice is the reference. A replay's logits are a view that the
-        next replay overwrites."""
+        """Logits [B, V] (float32). path: auto (a decode graph when a decode batch fits a captured
+        size, else piecewise graph pieces when the step's new tokens fit a captured count, else eager),
+        eager (fast kernels, no graphs), reference (torch reference kernels). Without a fast path every
+        choice is the reference. A replay's logits may be a view that the next replay overwrites."""
         if path not in ("auto", "eager", "reference"):
             raise ValueError(f"path {path!r}: expected auto, eager or reference")
         if path == "reference":
@@ -109,6 +123,10 @@ class ModelRunner:
             bs = self.graphs.bucket(fb)
             if bs is not None:
                 return self.graphs.replay(fb, bs)
+        if path == "auto" and self.piecewise is not None:
+            num_padded = self.piecewise.bucket(fb)
+            if num_padded is not None:
+                return self.piecewise.replay(fb, num_padded)
         if self.attn_backend is not None:
             fb.attn_backend = self.attn_backend
             self.attn_backend.plan_step(fb)       # once per step, before any layer

@@ -58,7 +58,8 @@ class Attention(nn.Module):
     def _forward_fused(self, x: torch.Tensor, ctx: "StepContext", ops: SmallOps) -> torch.Tensor:
         """The same math in fewer launches: one rotary kernel for q and k from positions (q lands in a
         contiguous buffer, as the attention kernels want it; k is rotated in place inside the qkv output),
-        and the backend stores k and v straight from their strided views of that output (no copies)."""
+        and the backend stores k and v straight from their strided views of that output (no copies).
+        The KV store + attention runs through ctx.run_attention, where piecewise CUDA graphs split."""
         num_tokens, q_size, kv_size = x.shape[0], self.qkv_proj.out_sizes[0], self.qkv_proj.out_sizes[1]
         qkv = self.qkv_proj(x)                                                     # [T, (N + 2 Hkv) D]
         q = qkv[:, :q_size].view(num_tokens, self.num_heads, self.head_dim)        # row-strided views
@@ -66,5 +67,9 @@ class Attention(nn.Module):
         v = qkv[:, q_size + kv_size:].view(num_tokens, self.num_kv_heads, self.head_dim)
         q_rot = x.new_empty(num_tokens, self.num_heads, self.head_dim)             # [T, N, D]
         ops.rope(ctx.fb.positions, q, k, self.interleaved, q_out=q_rot)
-        out = ctx.backend.mha(self.layer_id, q_rot, k, v, ctx.fb, ctx.pool, self.scale)   # [T, N, D]
+        out = ctx.run_attention(self._attend_fused, (self.num_heads, self.head_dim), q_rot, k, v)   # [T, N, D]
         return self.o_proj(out.reshape(num_tokens, -1))
+
+    def _attend_fused(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: "StepContext") -> torch.Tensor:
+        """[T, N, D] rotated, [T, Hkv, D] rotated, [T, Hkv, D] -> [T, N, D]: KV store + attention."""
+        return ctx.backend.mha(self.layer_id, q, k, v, ctx.fb, ctx.pool, self.scale)

@@ -6,7 +6,7 @@ Legend: T = new tokens in the step, B = sequences, H = hidden, V = vocab.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +30,12 @@ _EXPERT = re.compile(r"(.*\.mlp\.experts)\.(?:(\d+)\.)?(gate_proj|up_proj|down_p
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
 
 
+# core(*inputs, ctx) -> [T, *out_tail]: the part of a layer's attention that depends on the batch's
+# sequence structure (KV store, planned attention kernels); everything around it has static shapes
+AttentionCore = Callable[..., torch.Tensor]
+AttentionSplit = Callable[[AttentionCore, tuple[int, ...], tuple[torch.Tensor, ...]], torch.Tensor]
+
+
 @dataclass
 class StepContext:
     """What every layer of one forward step reads (built once per step, never stored)."""
@@ -40,6 +46,15 @@ class StepContext:
     cos: torch.Tensor | None   # [T, R/2]; None when fused ops rotate from positions
     sin: torch.Tensor | None   # [T, R/2]
     ops: SmallOps | None = None   # fused small ops; None = the torch reference
+    split: AttentionSplit | None = None   # piecewise CUDA-graph capture: ends one piece, begins the next
+
+    def run_attention(self, core: AttentionCore, out_tail: tuple[int, ...], *inputs: torch.Tensor) -> torch.Tensor:
+        """core(*inputs, self): [T, ...] inputs -> [T, *out_tail] in the inputs' dtype. Under piecewise
+        capture (runtime/engine/piecewise_graph_runner.py) `split` takes the call instead: the inputs go
+        to static buffers, the current graph piece ends there, and core runs eagerly at each replay."""
+        if self.split is None:
+            return core(*inputs, self)
+        return self.split(core, out_tail, inputs)
 
 
 class DecoderLayer(nn.Module):
@@ -119,12 +134,15 @@ class CausalLM(nn.Module):
 
     # -- forward -----------------------------------------------------------------------
     @torch.no_grad()
-    def hidden_states(self, fb: ForwardBatch, pool: KVPool) -> torch.Tensor:
-        """Final-normed hidden states of every new token [T, H]; writes this step's KV."""
+    def hidden_states(self, fb: ForwardBatch, pool: KVPool, split: AttentionSplit | None = None) -> torch.Tensor:
+        """Final-normed hidden states of every new token [T, H]; writes this step's KV. `split` (fused
+        small ops only): every layer's attention core goes through it (StepContext.run_attention)."""
         backend = fb.attn_backend if fb.attn_backend is not None else TorchAttentionBackend()
         ops = self.small_ops
+        if split is not None and ops is None:
+            raise ValueError("a split forward (piecewise CUDA graphs) needs the fused small ops")
         if ops is not None:
-            return self._hidden_states_fused(fb, pool, backend, ops)
+            return self._hidden_states_fused(fb, pool, backend, ops, split)
         cos, sin = self.rotary.cos_sin(fb.positions)
         ctx = StepContext(fb, pool, backend, cos, sin)
         x = self.model.embed_tokens(fb.input_ids)                # [T, H]
@@ -133,9 +151,9 @@ class CausalLM(nn.Module):
         return self.model.norm(x)
 
     def _hidden_states_fused(self, fb: ForwardBatch, pool: KVPool, backend: AttentionBackend,
-                             ops: SmallOps) -> torch.Tensor:
+                             ops: SmallOps, split: AttentionSplit | None = None) -> torch.Tensor:
         # every family's fused attention rotates q/k from positions through ops.rope (cos/sin table)
-        ctx = StepContext(fb, pool, backend, None, None, ops)
+        ctx = StepContext(fb, pool, backend, None, None, ops, split)
         x, residual = self.model.embed_tokens(fb.input_ids), None     # [T, H]
         for layer in self.model.layers:
             x, residual = layer.forward_fused(x, residual, ctx, ops)

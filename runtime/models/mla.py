@@ -92,24 +92,33 @@ class MLAttention(nn.Module):
     def _forward_fused(self, x: torch.Tensor, ctx: "StepContext", ops: SmallOps) -> torch.Tensor:
         """The same math in fewer launches: one rotary kernel for q and k (q's rope part lands in a
         contiguous buffer, as the attention kernels want it), and the absorption bmms read strided
-        views and write head-major views of token-major buffers, so no copy surrounds them."""
-        num_tokens, n, c = x.shape[0], self.num_heads, self.kv_lora_rank
-        q = self._query(x, ops)                                            # [T, N, Dn + R]
+        views and write head-major views of token-major buffers, so no copy surrounds them.
+        Everything up to the rotated inputs has static shapes; `_attend_fused` (the KV store and the
+        attention in the form the step is planned in) runs through ctx.run_attention, where piecewise
+        CUDA graphs split the layer."""
+        num_tokens, n = x.shape[0], self.num_heads
+        q = self._query(x, ops)                                            # [T, N, Dn + R], pe not rotated
         latent = self.kv_a_proj_with_mqa(x)                                # [T, C + R]
-        c_kv = ops.rmsnorm(latent[:, :c], self.kv_a_layernorm)             # [T, C]
-        k_pe = latent[:, c:]                                               # [T, R], rotated in place
-        if ctx.backend.mla_as_mha(ctx.fb):
-            ops.rope(ctx.fb.positions, q[..., self.nope_dim:], k_pe, self.interleaved)   # q rotated in place
-            heads = self._attend_as_mha(q, c_kv, k_pe, ctx)                # [T, N, Dv]
-            return self.o_proj(heads.reshape(num_tokens, -1))
+        c_kv = ops.rmsnorm(latent[:, :self.kv_lora_rank], self.kv_a_layernorm)   # [T, C]
+        k_pe = latent[:, self.kv_lora_rank:]                               # [T, R], rotated in place
         q_pe = x.new_empty(num_tokens, n, self.rope_dim)                   # [T, N, R]
         ops.rope(ctx.fb.positions, q[..., self.nope_dim:], k_pe, self.interleaved, q_out=q_pe)
-        q_latent = x.new_empty(num_tokens, n, c)                           # [T, N, C]
+        heads = ctx.run_attention(self._attend_fused, (n, self.v_dim), q, q_pe, c_kv, k_pe)   # [T, N, Dv]
+        return self.o_proj(heads.reshape(num_tokens, -1))
+
+    def _attend_fused(self, q: torch.Tensor, q_pe: torch.Tensor, c_kv: torch.Tensor, k_pe: torch.Tensor,
+                      ctx: "StepContext") -> torch.Tensor:
+        """[T, N, Dn + R] (pe part not rotated), [T, N, R] rotated, [T, C], [T, R] rotated -> [T, N, Dv]."""
+        num_tokens, n = q.shape[0], self.num_heads
+        if ctx.backend.mla_as_mha(ctx.fb):
+            q[..., self.nope_dim:].copy_(q_pe)                             # q = [q_nope | rotated q_pe]
+            return self._attend_as_mha(q, c_kv, k_pe, ctx)
+        q_latent = q.new_empty(num_tokens, n, self.kv_lora_rank)           # [T, N, C]
         torch.bmm(q[..., :self.nope_dim].transpose(0, 1), self.w_uk, out=q_latent.transpose(0, 1))
         out = ctx.backend.mla(self.layer_id, q_latent, q_pe, c_kv, k_pe, ctx.fb, ctx.pool, self.scale)
-        heads = x.new_empty(num_tokens, n, self.v_dim)                     # [T, N, Dv]
+        heads = q.new_empty(num_tokens, n, self.v_dim)                     # [T, N, Dv]
         torch.bmm(out.transpose(0, 1), self.w_uv.transpose(1, 2), out=heads.transpose(0, 1))
-        return self.o_proj(heads.view(num_tokens, -1))
+        return heads
 
     def _attend_as_mha(self, q: torch.Tensor, c_kv: torch.Tensor, k_pe: torch.Tensor,
                        ctx: "StepContext") -> torch.Tensor:   # [T, N, Dn + R], [T, C], [T, R] -> [T, N, Dv]
