@@ -29,7 +29,7 @@ def decode_plan(batch: int, context: int, allocator: KVSlotAllocator, vocab: int
         req.kv_slots = allocator.allocate(0, context - 1, None)
         req.num_computed_tokens = context - 1
         new = allocator.allocate(context - 1, 1, req.kv_slots[-1])
-        req.kv_slots += new
+        req.append_kv_slots(new)
         items.append(ScheduledItem(req, context - 1, 1, new, is_decode=True, samples=True))
     return StepPlan(0, ForwardMode.DECODE, items)
 

@@ -117,7 +117,7 @@ class DecodeRuns:
     def _pages(self, num_steps: int) -> int:
         """Pages the running requests need for steps 2..num_steps of a decode run."""
         sched = self.sched
-        return sum(sched.kv.allocator.num_pages_needed(len(r.kv_slots), num_steps - 1) for r in sched.running)
+        return sum(sched.kv.allocator.num_pages_needed(r.num_kv_slots, num_steps - 1) for r in sched.running)
 
     def commit(self, plan: StepPlan, end_s: list[float], tokens: list[list[int]],
                schedule_s: list[float] | None = None) -> list[int]:
@@ -144,7 +144,7 @@ class DecodeRuns:
             left = req.sampling.max_new_tokens - len(req.output_ids)
             sched.reserved_running_tokens -= min(left, clip) - min(left - k, clip)
             if k > 1 and page > 1:
-                pos0 = len(req.kv_slots)              # position of step 2's token
+                pos0 = req.num_kv_slots               # position of step 2's token
                 for j in range(1, k):
                     if (pos0 + j - 1) % page == 0:
                         new_slots_per_step[j] += page

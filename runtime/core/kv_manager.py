@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import weakref
 
+import numpy as np
+
 from runtime.core.cache.allocator import KVSlotAllocator
 from runtime.core.cache.radix_cache import MatchResult, RadixCache, TreeNode
 from runtime.core.request import Request
@@ -61,10 +63,10 @@ class KVManager:
 
     def lock_prefix(self, req: Request, match: MatchResult, now: float) -> None:
         """Pin the matched prefix for a request that owns no KV yet."""
-        assert not req.kv_slots and req.cache_node is None, f"{req.rid} already owns KV"
+        assert not req.num_kv_slots and req.cache_node is None, f"{req.rid} already owns KV"
         self.cache.lock(match.node, now, req.priority)
         req.cache_node = match.node
-        req.kv_slots = list(match.slots)
+        req.kv_slots = match.slot_array
         req.kv_version += 1
         req.num_computed_tokens = match.length
         req.num_locked_prefix_tokens = match.length
@@ -73,14 +75,14 @@ class KVManager:
         """Undo lock_prefix for a request that was not admitted after all."""
         self.cache.unlock(req.cache_node, now)
         req.cache_node = None
-        req.kv_slots = []
+        req.kv_slots = ()
         req.kv_version += 1
         req.num_computed_tokens = 0
         req.num_locked_prefix_tokens = 0
 
     # -- allocation -----------------------------------------------------------------
     def pages_needed(self, req: Request, num_tokens: int) -> int:
-        return self.allocator.num_pages_needed(len(req.kv_slots), num_tokens)
+        return self.allocator.num_pages_needed(req.num_kv_slots, num_tokens)
 
     def ensure_free_pages(self, num_pages: int, now: float) -> bool:
         """Evict from the cache until `num_pages` pages are free; False if impossible."""
@@ -89,25 +91,30 @@ class KVManager:
             self.cache.evict(missing_slots, now)
         return self.allocator.num_free_slots >= num_pages * self.page_size
 
-    def allocate(self, req: Request, num_tokens: int, now: float) -> list[int]:
-        """Slots for the request's next `num_tokens` positions (evicting if needed)."""
-        start = len(req.kv_slots)
+    def allocate(self, req: Request, num_tokens: int, now: float) -> np.ndarray:
+        """Slots (int32 [num_tokens]) for the request's next `num_tokens` positions (evicting if needed)."""
+        start = req.num_kv_slots
         if not self.ensure_free_pages(self.allocator.num_pages_needed(start, num_tokens), now):
             raise MemoryError(f"KV pool exhausted allocating {num_tokens} tokens for {req.rid}")
-        last_slot = req.kv_slots[-1] if req.kv_slots else None
-        slots = self.allocator.allocate(start, num_tokens, last_slot)
-        req.kv_slots.extend(slots)
+        last_slot = req.kv_slots[-1] if start else None
+        slots = self.allocator.allocate_slots(start, num_tokens, last_slot)
+        req.append_kv_slots(slots)
         return slots
 
-    def allocate_decode(self, reqs: list[Request], now: float) -> list[list[int]]:
-        """One slot for each request's next position (one allocator call when page_size == 1)."""
+    def allocate_decode(self, reqs: list[Request], now: float) -> list:
+        """One slot for each request's next position (one allocator call when page_size == 1):
+        per request, a one-element list: the slot of its new token."""
         if self.page_size > 1:
-            return [self.allocate(r, 1, now) for r in reqs]
+            return [self.allocate(r, 1, now).tolist() for r in reqs]
         if not self.ensure_free_pages(len(reqs), now):
             raise MemoryError(f"KV pool exhausted allocating a decode step of {len(reqs)} requests")
-        slots = self.allocator.allocate(0, len(reqs), None)
+        slots = self.allocator.allocate_slots(0, len(reqs), None).tolist()
         for req, slot in zip(reqs, slots):
-            req.kv_slots.append(slot)
+            n = req.num_kv_slots
+            if n == req._slot_buf.size:
+                req._grow_slots(n + 1)
+            req._slot_buf[n] = slot
+            req.num_kv_slots = n + 1
         return [[slot] for slot in slots]
 
     def allocate_many(self, reqs: list[Request], num_tokens: int, now: float) -> None:
@@ -116,9 +123,9 @@ class KVManager:
         total = num_tokens * len(reqs)
         if not self.ensure_free_pages(total, now):
             raise MemoryError(f"KV pool exhausted allocating {total} slots for a decode run")
-        slots = self.allocator.allocate(0, total, None)
+        slots = self.allocator.allocate_slots(0, total, None)
         for i, req in enumerate(reqs):
-            req.kv_slots.extend(slots[i * num_tokens:(i + 1) * num_tokens])
+            req.append_kv_slots(slots[i * num_tokens:(i + 1) * num_tokens])
 
     # -- caching and release ----------------------------------------------------------
     def _aligned(self, num_tokens: int) -> int:
@@ -163,11 +170,11 @@ class KVManager:
         if req.cache_node is None:
             return
         aligned, _, _ = self._insert_computed(req, now, count_hit)
-        if len(req.kv_slots) > aligned:
+        if req.num_kv_slots > aligned:
             self.allocator.free(req.kv_slots[aligned:])
         self.cache.unlock(req.cache_node, now)
         req.cache_node = None
-        req.kv_slots = []
+        req.kv_slots = ()
         req.kv_version += 1
         req.num_computed_tokens = 0
         req.num_locked_prefix_tokens = 0

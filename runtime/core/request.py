@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
+
+import numpy as np
+
+SLOT_DTYPE = np.int32        # the allocator's KV slot indices
+_NO_SLOTS = np.empty(0, dtype=SLOT_DTYPE)
+_NO_SLOTS.flags.writeable = False
 
 
 @dataclass(frozen=True)
@@ -80,7 +86,9 @@ class Request:
     - `fill_ids` = input_ids + output_ids: every token the request knows;
     - `num_computed_tokens`: how many of them have KV written (the prefix matched in the
       radix cache counts as computed); always <= len(fill_ids);
-    - `kv_slots[i]` is the KV slot index of token i, for i < num_computed_tokens.
+    - `kv_slots[i]` is the KV slot index of token i, for i < num_computed_tokens: an int32 view
+      of a growable buffer (`num_kv_slots` long), written through `kv_slots = ...`,
+      `append_kv_slots` and slice assignment (`kv_slots[a:b] = ...` writes the buffer).
     """
 
     rid: str
@@ -93,7 +101,8 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     output_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
-    kv_slots: list[int] = field(default_factory=list)
+    num_kv_slots: int = 0
+    _slot_buf: np.ndarray = field(default_factory=lambda: _NO_SLOTS, repr=False)   # [capacity] int32, kv_slots its head
     num_locked_prefix_tokens: int = 0   # tokens of kv_slots owned by the radix cache (locked)
     kv_version: int = 0                 # bumped whenever kv_slots is rewritten rather than appended to
     cache_node: Any = None              # the radix node locked for this request, or None
@@ -115,6 +124,36 @@ class Request:
             priority=spec.priority,
             expected_output_ids=spec.expected_output_ids,
         )
+
+    # -- KV slots ------------------------------------------------------------------
+    @property
+    def kv_slots(self) -> np.ndarray:
+        return self._slot_buf[:self.num_kv_slots]
+
+    @kv_slots.setter
+    def kv_slots(self, slots: Sequence[int]) -> None:
+        """Replace every slot (copied into a buffer of the request's own)."""
+        slots = np.asarray(slots, dtype=SLOT_DTYPE)
+        if slots.size == 0:
+            self._slot_buf, self.num_kv_slots = _NO_SLOTS, 0
+            return
+        buf = np.empty(max(slots.size, len(self.input_ids) + 1), dtype=SLOT_DTYPE)
+        buf[:slots.size] = slots
+        self._slot_buf, self.num_kv_slots = buf, slots.size
+
+    def append_kv_slots(self, slots: Sequence[int]) -> None:
+        """kv_slots += slots (amortised: the buffer doubles when full)."""
+        n = self.num_kv_slots
+        end = n + len(slots)
+        if end > self._slot_buf.size:
+            self._grow_slots(end)
+        self._slot_buf[n:end] = slots
+        self.num_kv_slots = end
+
+    def _grow_slots(self, min_capacity: int) -> None:
+        buf = np.empty(max(min_capacity, 2 * self._slot_buf.size, len(self.input_ids) + 16), dtype=SLOT_DTYPE)
+        buf[:self.num_kv_slots] = self._slot_buf[:self.num_kv_slots]
+        self._slot_buf = buf
 
     # -- derived sizes -------------------------------------------------------------
     @property

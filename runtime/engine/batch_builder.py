@@ -92,7 +92,7 @@ class ReqToTokenTable:
             if entry.populated < end:
                 start = item.num_prefix_tokens
                 head = req.kv_slots[entry.populated:start] if entry.populated < start else []
-                values = np.asarray(list(head) + list(item.new_slots), dtype=np.int64)
+                values = np.concatenate((np.asarray(head, dtype=np.int64), np.asarray(item.new_slots, dtype=np.int64)))
                 first = min(entry.populated, start)
                 cols = np.arange(first, first + len(values), dtype=np.int64)
                 writes.append(np.stack([np.full(len(values), entry.row, dtype=np.int64), cols, values]))
@@ -120,7 +120,7 @@ class ReqToTokenTable:
         in flight safe: a reused row is rewritten only after it ran)."""
         for rid, entry in list(self._rows.items()):
             req = entry.request
-            if rid not in in_plan and (req.is_finished or not req.kv_slots):
+            if rid not in in_plan and (req.is_finished or len(req.kv_slots) == 0):
                 del self._rows[rid]
                 self._free.append(entry.row)
 

@@ -81,7 +81,7 @@ class ForwardBatch:
             new_ids.append(ids)
             prefix_lens.append(start)
             slots = req.kv_slots
-            if len(slots) == start + num_new and slots[start:] == item.new_slots:
+            if len(slots) == start + num_new and np.array_equal(slots[start:], item.new_slots):
                 kv_parts.append(slots)          # already prefix + new (the usual case): no slice copy
             else:
                 kv_parts += (slots[:start], item.new_slots)

@@ -50,13 +50,13 @@ def check_invariants(sched: Scheduler) -> None:
     private_pages = set()
     for req in active:
         assert len(req.kv_slots) == req.num_computed_tokens
-        private_pages.update(s // page for s in req.kv_slots[req.num_locked_prefix_tokens:])
+        private_pages.update((req.kv_slots[req.num_locked_prefix_tokens:] // page).tolist())
     private = len(private_pages) * page
     total = alloc.num_free_slots + private + cache.evictable_size() + cache.protected_size()
     assert total == alloc.capacity_slots, (alloc.num_free_slots, private, cache.evictable_size(),
                                            cache.protected_size(), alloc.capacity_slots)
     for req in sched.waiting:
-        assert req.status is RequestStatus.WAITING and not req.kv_slots and req.cache_node is None
+        assert req.status is RequestStatus.WAITING and req.num_kv_slots == 0 and req.cache_node is None
     for req in sched.running:
         assert req.status is RequestStatus.DECODING
         assert req.num_computed_tokens == req.num_fill_tokens - 1

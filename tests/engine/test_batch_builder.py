@@ -20,7 +20,7 @@ from runtime.engine.forward_batch import ForwardBatch
 def random_plan(rng: np.random.Generator, step: int, requests: dict[str, Request], num_slots: int) -> StepPlan:
     """Decodes of the existing requests plus a few new prefills with random prefixes."""
     items, free = [], rng.permutation(num_slots).tolist()
-    used = {s for r in requests.values() for s in r.kv_slots}
+    used = {s for r in requests.values() for s in r.kv_slots.tolist()}
     free = [s for s in free if s not in used]
     for req in list(requests.values()):
         if rng.random() < 0.2:                      # finished
@@ -28,7 +28,7 @@ def random_plan(rng: np.random.Generator, step: int, requests: dict[str, Request
             continue
         start = len(req.kv_slots)
         slot = free.pop()
-        req.kv_slots.append(slot)
+        req.append_kv_slots([slot])
         req.output_ids.append(int(rng.integers(1, 50)))
         items.append(ScheduledItem(req, start, 1, [slot], is_decode=True, samples=True))
     for k in range(int(rng.integers(1, 4))):
@@ -65,7 +65,7 @@ def test_rewritten_slots_rewrite_the_row():
     req.kv_slots[:2] = [20, 21]                     # re-pinned on the cache's copy
     req.kv_version += 1
     req.output_ids.append(5)
-    req.kv_slots.append(14)
+    req.append_kv_slots([14])
     fb = builder.build(StepPlan(1, ForwardMode.DECODE, [ScheduledItem(req, 4, 1, [14], True, True)]))
     assert fb.kv_indices.tolist() == [20, 21, 12, 13, 14]
 
@@ -124,4 +124,4 @@ def test_rows_are_reused_when_an_id_comes_back():
             req.kv_slots = [10 * i + generation, 10 * i + generation + 1]
             items.append(ScheduledItem(req, 0, 2, list(req.kv_slots), False, True))
         fb = builder.build(StepPlan(generation, ForwardMode.EXTEND, items))
-        assert fb.kv_indices.tolist() == reqs[0].kv_slots + reqs[1].kv_slots
+        assert fb.kv_indices.tolist() == reqs[0].kv_slots.tolist() + reqs[1].kv_slots.tolist()

@@ -29,7 +29,7 @@ def random_plan(seed: int, num_items: int) -> StepPlan:
         next_slot += prefix + num_new + 3
         req.kv_slots = slots[:prefix] + (slots[prefix:] if rng.random() < 0.5 else [])
         if rng.random() < 0.3:
-            req.kv_slots += [next_slot - 1]                 # a stale extra slot: must be ignored
+            req.append_kv_slots([next_slot - 1])            # a stale extra slot: must be ignored
         items.append(ScheduledItem(req, prefix, num_new, slots[prefix:], is_decode=decode, samples=True))
     return StepPlan(0, ForwardMode.MIXED, items)
 

@@ -9,7 +9,8 @@ from typing import Iterable
 
 import numpy as np
 
-_VECTOR_MIN = 64   # below this many pages a Python loop beats numpy's call overhead
+_VECTOR_MIN = 64   # below this many slots a Python loop beats numpy's call overhead
+SLOT_DTYPE = np.int32   # KV slot and page indices, from the allocator through the radix cache to the runtime
 
 
 class KVSlotAllocator:
@@ -23,7 +24,8 @@ class KVSlotAllocator:
     [fresh_page, num_pages), taken in ascending order once the stack is empty (the order a full
     stack would give, with O(1) construction -- a simulated H200 holds millions of slots, and dp
     replicas each hold their own allocator). Initially pages come out in ascending order.
-    Slots come out as Python lists; `free` takes any sequence of ints (a numpy array is not copied).
+    Slots come out as int32 arrays (`allocate_slots`; `allocate` gives a list); `free` takes any
+    sequence of ints (a numpy array is not copied).
     """
 
     def __init__(self, num_slots: int, page_size: int = 1) -> None:
@@ -33,7 +35,7 @@ class KVSlotAllocator:
             raise ValueError(f"num_slots ({num_slots}) must hold at least one page of {page_size}")
         self.page_size: int = page_size
         self.num_pages: int = num_slots // page_size
-        self._stack = np.empty(0, dtype=np.int64)   # free pages; the top is _stack[_top - 1]
+        self._stack = np.empty(0, dtype=SLOT_DTYPE)   # free pages; the top is _stack[_top - 1]
         self._top = 0
         self._fresh_page = 0
         self._page_allocated = np.zeros(self.num_pages, dtype=np.uint8)
@@ -75,7 +77,12 @@ class KVSlotAllocator:
         return self.num_pages_needed(start_pos, num_tokens) <= self.num_free_pages
 
     def allocate(self, start_pos: int, num_tokens: int, last_slot: int | None) -> list[int]:
-        """Slots for positions start_pos .. start_pos+num_tokens-1 of one sequence.
+        """`allocate_slots` as a Python list."""
+        return self.allocate_slots(start_pos, num_tokens, last_slot).tolist()
+
+    def allocate_slots(self, start_pos: int, num_tokens: int, last_slot: int | None) -> np.ndarray:
+        """Slots (int32 [num_tokens], a fresh array) for positions start_pos .. start_pos+num_tokens-1
+        of one sequence.
 
         Positions that are not page-aligned continue the page of `last_slot` (the slot of position
         start_pos-1; required when start_pos % page_size != 0, ignored otherwise). Mutates the free
@@ -88,57 +95,44 @@ class KVSlotAllocator:
                 f"{needed_pages} pages of {self.page_size} slots, only {self.num_free_pages} free"
             )
         if num_tokens == 0:
-            return []
+            return np.empty(0, dtype=SLOT_DTYPE)
         ps = self.page_size
         if ps == 1:
             return self._take_pages(needed_pages)
-        slots = self._continue_last_page(start_pos, num_tokens, last_slot)
+        head = self._continue_last_page(start_pos, num_tokens, last_slot)
         pages = self._take_pages(needed_pages)
-        if len(pages) >= _VECTOR_MIN:
-            offsets = np.arange(ps, dtype=np.int64)
-            slots.extend((np.array(pages, dtype=np.int64)[:, None] * ps + offsets).ravel().tolist())
-        else:
-            for page in pages:
-                slots.extend(range(page * ps, page * ps + ps))
-        del slots[num_tokens:]  # the last page may be only partly used
-        return slots
+        slots = (pages[:, None] * ps + np.arange(ps, dtype=SLOT_DTYPE)).ravel()   # [pages * ps]
+        if head is not None:
+            slots = np.concatenate((head, slots))
+        return slots[:num_tokens]            # the last page may be only partly used
 
-    def _continue_last_page(self, start_pos: int, num_tokens: int, last_slot: int | None) -> list[int]:
+    def _continue_last_page(self, start_pos: int, num_tokens: int, last_slot: int | None) -> np.ndarray | None:
         """Slots left in the page of `last_slot` for an unaligned `start_pos` (no mutation)."""
         offset = start_pos % self.page_size
         if offset == 0:
-            return []
+            return None
         if last_slot is None:
             raise ValueError(f"last_slot is required to continue a page at position {start_pos}")
+        last_slot = int(last_slot)
         if last_slot % self.page_size != offset - 1 or not self.is_allocated(last_slot):
             raise ValueError(
                 f"last_slot {last_slot} is not an allocated slot at page offset {offset - 1} "
                 f"(position {start_pos - 1}, page_size {self.page_size})"
             )
         num_in_page = min(self.page_size - offset, num_tokens)
-        return list(range(last_slot + 1, last_slot + 1 + num_in_page))
+        return np.arange(last_slot + 1, last_slot + 1 + num_in_page, dtype=SLOT_DTYPE)
 
-    def _take_pages(self, num_pages: int) -> list[int]:
+    def _take_pages(self, num_pages: int) -> np.ndarray:
         """Pop `num_pages` pages off the stack (the top first), then off the never-used range,
-        and mark them allocated."""
-        if num_pages == 0:
-            return []
+        and mark them allocated. Returns them as a fresh int32 array."""
         top = self._top
         from_stack = min(num_pages, top)
         fresh = num_pages - from_stack
-        allocated = self._page_allocated
-        if num_pages < _VECTOR_MIN:
-            stack = self._stack
-            pages = [int(stack[i]) for i in range(top - 1, top - 1 - from_stack, -1)]
-            pages.extend(range(self._fresh_page, self._fresh_page + fresh))
-            for page in pages:
-                allocated[page] = 1
-        else:
-            index = self._stack[top - from_stack:top][::-1]                 # [from_stack] view
-            if fresh:
-                index = np.concatenate((index, np.arange(self._fresh_page, self._fresh_page + fresh)))
-            allocated[index] = 1
-            pages = index.tolist()
+        pages = np.empty(num_pages, dtype=SLOT_DTYPE)
+        pages[:from_stack] = self._stack[top - from_stack:top][::-1]
+        if fresh:
+            pages[from_stack:] = np.arange(self._fresh_page, self._fresh_page + fresh, dtype=SLOT_DTYPE)
+        self._page_allocated[pages] = 1
         self._top = top - from_stack
         self._fresh_page += fresh
         return pages
@@ -148,20 +142,22 @@ class KVSlotAllocator:
         """Free every page that contains one of `slots`. ValueError on an out-of-range slot or a
         page that is already free (double free); on error nothing is freed."""
         if isinstance(slots, np.ndarray):
-            index = slots.astype(np.int64, copy=False)
+            if slots.size < _VECTOR_MIN:
+                self._free_small(slots.tolist())
+                return
+            index = slots
         else:
             slots = slots if isinstance(slots, list) else list(slots)
             if len(slots) < _VECTOR_MIN:
                 self._free_small(slots)
                 return
             index = np.fromiter(slots, dtype=np.int64, count=len(slots))
-        if index.size == 0:
-            return
         self._check_range(int(index.min()), int(index.max()))
         ps = self.page_size
         if ps == 1:
             pages = index
-            repeated = pages.size > 1 and bool((np.diff(np.sort(pages)) == 0).any())
+            steps = np.diff(pages)           # strictly monotonic (the usual case) has no repeats
+            repeated = not (steps.min() > 0 or steps.max() < 0) and bool((np.diff(np.sort(pages)) == 0).any())
         else:
             raw = index // ps
             _, first = np.unique(raw, return_index=True)
@@ -186,13 +182,13 @@ class KVSlotAllocator:
                     allocated[done] = 1
                 self._raise_double_free(pages)
             allocated[page] = 0
-        self._push(np.array(pages, dtype=np.int64))
+        self._push(np.array(pages, dtype=SLOT_DTYPE))
 
     def _push(self, pages: np.ndarray) -> None:
         """Put freed pages on the stack so that they come back out in the order given."""
         top, n = self._top, pages.size
         if top + n > self._stack.size:
-            grown = np.empty(max(2 * self._stack.size, top + n, 1024), dtype=np.int64)
+            grown = np.empty(max(2 * self._stack.size, top + n, 1024), dtype=SLOT_DTYPE)
             grown[:top] = self._stack[:top]
             self._stack = grown
         self._stack[top:top + n] = pages[::-1]
@@ -209,7 +205,7 @@ class KVSlotAllocator:
 
     def reset(self) -> None:
         """Free everything; the next allocations come out in ascending order again."""
-        self._stack = np.empty(0, dtype=np.int64)
+        self._stack = np.empty(0, dtype=SLOT_DTYPE)
         self._top = 0
         self._fresh_page = 0
         self._page_allocated = np.zeros(self.num_pages, dtype=np.uint8)

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Iterator, Sequence
 
-from runtime.core.cache.allocator import KVSlotAllocator
+import numpy as np
+
+from runtime.core.cache.allocator import SLOT_DTYPE, KVSlotAllocator
 from runtime.core.cache.eviction.base import EvictionPolicy
 from runtime.core.cache.eviction_queue import EvictionQueue
 from runtime.core.cache.tree_node import TreeNode, common_prefix_len, edge_key
@@ -19,15 +21,16 @@ __all__ = ["MatchResult", "RadixCache", "TreeNode"]
 @dataclass(eq=False)
 class MatchResult:
     """`length` tokens matched (a multiple of page_size); `node` the deepest matched node, ending
-    exactly at `length` (the root when length == 0); `slots` their KV slots (len == length),
-    gathered from the path root..node when first read (admission reads them; ordering and
+    exactly at `length` (the root when length == 0); `slot_array` their KV slots (int32
+    [length]; `slots` as a list), gathered from the path root..node when first read (admission reads them; ordering and
     budget checks need only the length), so read them before `node` can be evicted."""
 
     length: int
     node: TreeNode
 
     @cached_property
-    def slots(self) -> list[int]:
+    def slot_array(self) -> np.ndarray:
+        """The matched slots, int32 [length] (a fresh array)."""
         if self.node.evicted:
             raise ValueError(f"slots of an evicted match ({self.node}); read them right after matching")
         path = []
@@ -35,10 +38,14 @@ class MatchResult:
         while node.parent is not None:
             path.append(node.slots)
             node = node.parent
-        slots: list[int] = []
-        for part in reversed(path):
-            slots.extend(part)
-        return slots
+        if not path:
+            return np.empty(0, dtype=SLOT_DTYPE)
+        return np.concatenate(path[::-1])
+
+    @property
+    def slots(self) -> list[int]:
+        """`slot_array` as a list."""
+        return self.slot_array.tolist()
 
 
 class RadixCache:
@@ -67,7 +74,7 @@ class RadixCache:
 
     def _clear_tree(self) -> None:
         self._next_node_id = 0
-        self.root: TreeNode = self._new_node(None, [], [], now=0.0, priority=0)
+        self.root: TreeNode = self._new_node(None, [], np.empty(0, dtype=SLOT_DTYPE), now=0.0, priority=0)
         self._evictable_tokens = 0
         self._protected_tokens = 0
         self.num_nodes = 0  # excluding the root
@@ -177,9 +184,8 @@ class RadixCache:
         while pos < limit:
             child = node.children.get(edge_key(key, pos, self.page_size))
             if child is None:
-                leaf_slots = slots[pos:limit]
-                leaf = self._add_leaf(node, key[pos:limit], leaf_slots if isinstance(leaf_slots, list)
-                                      else list(leaf_slots), now, priority, hit_count=int(count_hit))
+                leaf_slots = np.array(slots[pos:limit], dtype=SLOT_DTYPE)   # the tree's own copy
+                leaf = self._add_leaf(node, key[pos:limit], leaf_slots, now, priority, hit_count=int(count_hit))
                 return pos, leaf
             matched = self._matched_len(key, pos, child, limit)
             if matched < len(child.key):
@@ -191,20 +197,19 @@ class RadixCache:
         self._queue.push(node)  # a fully present key may end at a leaf whose stats just changed
         return pos, node
 
-    def path_slots(self, node: TreeNode, depth: int, start: int, stop: int) -> list[int]:
-        """Slots of positions [start, stop) on the path root..node, `node` ending at `depth`,
+    def path_slots(self, node: TreeNode, depth: int, start: int, stop: int) -> np.ndarray:
+        """Slots (int32) of positions [start, stop) on the path root..node, `node` ending at `depth`,
         gathered from the nodes that cover them only."""
-        parts: list[list[int]] = []
+        parts: list[np.ndarray] = []
         end = depth
         while node.parent is not None and end > start:
             begin = end - len(node.key)
             if begin < stop:
                 parts.append(node.slots[max(start, begin) - begin:min(stop, end) - begin])
             node, end = node.parent, begin
-        slots: list[int] = []
-        for part in reversed(parts):
-            slots.extend(part)
-        return slots
+        if not parts:
+            return np.empty(0, dtype=SLOT_DTYPE)
+        return np.concatenate(parts[::-1])
 
     # -- pinning ------------------------------------------------------------------------------
     def lock(self, node: TreeNode, now: float, priority: int = 0) -> None:
@@ -255,11 +260,11 @@ class RadixCache:
         locked (running requests still use the cache). Do not also reset the allocator first."""
         if self._protected_tokens:
             raise ValueError(f"reset with {self._protected_tokens} tokens still locked")
-        slots: list[int] = []
+        parts = [np.empty(0, dtype=SLOT_DTYPE)]
         for node in self.iter_nodes():
-            slots.extend(node.slots)
+            parts.append(node.slots)
             node.evicted = True
-        self.allocator.free(slots)
+        self.allocator.free(np.concatenate(parts))
         self._clear_tree()
 
     def iter_nodes(self) -> Iterator[TreeNode]:
@@ -271,7 +276,7 @@ class RadixCache:
             stack.extend(node.children.values())
 
     # -- internals ------------------------------------------------------------------------------
-    def _new_node(self, parent: TreeNode | None, key: list[int], slots: list[int], now: float,
+    def _new_node(self, parent: TreeNode | None, key: list[int], slots: np.ndarray, now: float,
                   priority: int) -> TreeNode:
         node = TreeNode(self._next_node_id, parent, key, slots, now, priority)
         self._next_node_id += 1
@@ -287,7 +292,7 @@ class RadixCache:
         matched = common_prefix_len(key, pos, child.key, end)
         return matched - matched % self.page_size
 
-    def _add_leaf(self, parent: TreeNode, key: list[int], slots: list[int], now: float,
+    def _add_leaf(self, parent: TreeNode, key: list[int], slots: np.ndarray, now: float,
                   priority: int, hit_count: int = 0) -> TreeNode:
         leaf = self._new_node(parent, key, slots, now, priority)
         leaf.hit_count = hit_count

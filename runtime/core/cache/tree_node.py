@@ -4,12 +4,12 @@ Must not import torch, simpy or time: timestamps (`*_s`, seconds) are given by t
 """
 from __future__ import annotations
 
-from typing import Hashable
+from typing import Any, Hashable
 
 
 class TreeNode:
-    """An edge of the radix tree: `key` (token ids) and `slots` (their KV slot indices, same
-    length; a whole number of pages). Children are keyed by `edge_key` of their key.
+    """An edge of the radix tree: `key` (token ids) and `slots` (their KV slot indices, int32,
+    same length; a whole number of pages; never written in place, so splits may share them). Children are keyed by `edge_key` of their key.
 
     `lock_ref` counts running requests pinning this node (> 0: protected from eviction).
     `hit_count`, `last_access_s`, `created_s`, `priority` feed the eviction policies; `node_id`
@@ -27,14 +27,14 @@ class TreeNode:
         node_id: int,
         parent: TreeNode | None,
         key: list[int],
-        slots: list[int],
+        slots: Any,
         now: float,
         priority: int = 0,
     ) -> None:
         self.children: dict[Hashable, TreeNode] = {}
         self.parent: TreeNode | None = parent
         self.key: list[int] = key
-        self.slots: list[int] = slots
+        self.slots = slots          # np.ndarray int32 [len(key)]
         self.lock_ref: int = 0
         self.last_access_s: float = now
         self.created_s: float = now

@@ -241,5 +241,5 @@ def test_path_slots_gathers_only_the_asked_range() -> None:
     cache.insert(list(range(30)), slots, now=1.0)
     cache.insert(list(range(10)) + [99] * 5, slots[:10] + cache.allocator.allocate(0, 5, None), now=1.0)  # split at 10
     node = cache.match_prefix(list(range(30))).node
-    assert cache.path_slots(node, 30, 5, 25) == slots[5:25]
-    assert cache.path_slots(node, 30, 0, 30) == cache.match_prefix(list(range(30))).slots == slots
+    assert cache.path_slots(node, 30, 5, 25).tolist() == slots[5:25]
+    assert cache.path_slots(node, 30, 0, 30).tolist() == cache.match_prefix(list(range(30))).slots == slots

@@ -15,7 +15,7 @@ def path_tokens_and_slots(node: TreeNode) -> tuple[list[int], list[int]]:
     slots: list[int] = []
     for part in reversed(parts):
         tokens.extend(part.key)
-        slots.extend(part.slots)
+        slots.extend(part.slots.tolist())
     return tokens, slots
 
 
@@ -27,8 +27,8 @@ def cached_prefixes(cache: RadixCache) -> dict[tuple[int, ...], list[int]]:
         node, tokens, slots = stack.pop()
         for child in node.children.values():
             for end in range(cache.page_size, len(child.key) + 1, cache.page_size):
-                out[tuple(tokens + child.key[:end])] = slots + child.slots[:end]
-            stack.append((child, tokens + child.key, slots + child.slots))
+                out[tuple(tokens + child.key[:end])] = slots + child.slots[:end].tolist()
+            stack.append((child, tokens + child.key, slots + child.slots.tolist()))
     return out
 
 
@@ -60,7 +60,7 @@ def check_tree(cache: RadixCache) -> None:
             evictable += len(node.key)
         else:
             protected += len(node.key)
-        for slot in node.slots:
+        for slot in node.slots.tolist():
             assert cache.allocator.is_allocated(slot)
     assert cache.root.lock_ref == 0 and cache.root.key == []
     assert (evictable, protected, num_nodes) == (cache.evictable_size(), cache.protected_size(), cache.num_nodes)
