@@ -54,6 +54,8 @@ def piecewise_graph_tokens(cfg: DictConfig) -> int:
     real = cfg.get("real")
     if real is None or not (real.get("fast_path") and real.get("cuda_graph") and real.get("piecewise_cuda_graph")):
         return 0
+    if int(cfg.get("tp", 1)) > 1:      # captured on one GPU per replica only
+        return 0
     if real.get("piecewise_cuda_graph_max_tokens") is not None:
         return int(real.piecewise_cuda_graph_max_tokens)
     chunk = int(cfg.scheduler.chunked_prefill_size)

@@ -10,30 +10,20 @@ indptr/indices, MoE is the Triton fused MoE (routing is softmax/sigmoid + top-k:
 """
 from __future__ import annotations
 
-import bisect
 import gc
 
 import torch
 from torch import nn
 
+from runtime.core.graph_grids import capture_batch_sizes, padded_size  # noqa: F401 (re-exported)
 from runtime.engine.fast_path import MLAShape
 from runtime.engine.forward_batch import ForwardBatch
 from runtime.engine.kv_pool import MLAKVPool
 
 
-def capture_batch_sizes(max_bs: int) -> list[int]:
-    """SGLang's capture grid: 1, 2, 4, 8, 12, 16, 24, 32, ... every 8 up to 256, then every 16, up to
-    max_bs (max_bs itself always included)."""
-    if max_bs < 1:
-        raise ValueError(f"cuda_graph_max_bs must be >= 1, got {max_bs}")
-    grid = [1, 2, 4, 8, 12, 16] + list(range(24, 257, 8)) + list(range(272, max_bs + 1, 16))
-    return sorted({bs for bs in grid if bs <= max_bs} | {max_bs})
-
-
 def padded_batch_size(batch_size: int, sizes: list[int]) -> int | None:
     """The smallest captured size >= batch_size (sizes sorted ascending); None if it exceeds them all."""
-    i = bisect.bisect_left(sizes, batch_size)
-    return sizes[i] if i < len(sizes) else None
+    return padded_size(batch_size, sizes)
 
 
 def padded_kv_indptr(seq_lens: list[int], padded_bs: int) -> list[int]:

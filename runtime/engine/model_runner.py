@@ -97,7 +97,8 @@ class ModelRunner:
                                progress=fast.progress)
 
     def _capture_piecewise(self, fast: FastPathConfig):
-        from runtime.engine.piecewise_graph_runner import PiecewiseGraphRunner, extend_token_buckets
+        from runtime.core.graph_grids import extend_token_buckets
+        from runtime.engine.piecewise_graph_runner import PiecewiseGraphRunner
 
         buckets = list(fast.piecewise_token_buckets or extend_token_buckets(fast.piecewise_max_tokens))
         return PiecewiseGraphRunner(self.model, self.pool, self.attn_backend, buckets, self.device,

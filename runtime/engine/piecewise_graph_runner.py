@@ -10,30 +10,16 @@ output rows hold stale values, and their hidden states are dropped.
 """
 from __future__ import annotations
 
-import bisect
 import gc
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
+from runtime.core.graph_grids import padded_size
 from runtime.engine.forward_batch import ForwardBatch
 from runtime.engine.kv_pool import KVPool
 from runtime.models.base import AttentionCore, StepContext
-
-
-def extend_token_buckets(max_tokens: int) -> list[int]:
-    """Captured token counts up to max_tokens (itself included): 4..32 step 4, 48..256 step 16, then 8 sizes
-    per doubling (steps of 32, 64, 128, ...). Padding adds at most 1/8 of a step's tokens above 256 and
-    at most 15 tokens below (where a step's time follows its weight reads, not its token count)."""
-    if max_tokens < 1:
-        raise ValueError(f"piecewise_cuda_graph_max_tokens must be >= 1, got {max_tokens}")
-    grid = list(range(4, 33, 4)) + list(range(48, 257, 16))
-    low, step = 256, 32
-    while low < max_tokens:
-        grid += list(range(low + step, 2 * low + 1, step))
-        low, step = 2 * low, 2 * step
-    return sorted({t for t in grid if t <= max_tokens} | {max_tokens})
 
 
 class _Handoff:
@@ -158,8 +144,7 @@ class PiecewiseGraphRunner:
     # -- replay ----------------------------------------------------------------------------
     def bucket(self, fb: ForwardBatch) -> int | None:
         """The captured token count this step pads to, or None (more new tokens than the largest)."""
-        i = bisect.bisect_left(self.buckets, fb.num_tokens)
-        return self.buckets[i] if i < len(self.buckets) else None
+        return padded_size(fb.num_tokens, self.buckets)
 
     def _prepare(self, fb: ForwardBatch, num_padded: int) -> StepContext:
         """Static inputs for fb padded to num_padded tokens; the attention plan; the cores' context."""

@@ -14,6 +14,8 @@ from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
 
+from runtime.core.graph_grids import capture_batch_sizes  # noqa: F401 (profiled.py reads it from here)
+
 PROFILES_DIR = Path(__file__).resolve().parents[1] / "profiles"
 _EDGE = 1.0 + 1e-9
 
@@ -25,13 +27,6 @@ def profile_dir(hardware_name: str, model_name: str) -> Path:
 
 def has_profile(directory: Path) -> bool:
     return (Path(directory) / "decode.csv").exists() and (Path(directory) / "prefill.csv").exists()
-
-
-def capture_batch_sizes(max_bs: int) -> list[int]:
-    """SGLang's decode CUDA-graph capture grid, as the runtime captures it
-    (runtime.engine.cuda_graph_runner.capture_batch_sizes; a test keeps the two equal)."""
-    grid = [1, 2, 4, 8, 12, 16] + list(range(24, 257, 8)) + list(range(272, max_bs + 1, 16))
-    return sorted({bs for bs in grid if bs <= max_bs} | {max_bs})
 
 
 class Curve:

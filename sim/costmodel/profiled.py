@@ -33,12 +33,13 @@ FORMS = ("mha", "absorbed")
 
 
 class ProfiledCostModel:
-    """`fallback(model=, hardware=, layout=, cuda_graph_max_bs=)` builds the roofline used outside the
+    """`fallback(model=, hardware=, layout=, cuda_graph_max_bs=, piecewise_max_tokens=)` builds the roofline used outside the
     grid. `fallbacks` counts priced steps per kind that fell outside the grid; `num_priced` all of them."""
 
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, layout: ParallelLayout,
                  fallback: Callable[..., CostModel], profile: str = "auto", cuda_graph: bool = True,
-                 cuda_graph_max_bs: int | None = None, default_graph_max_bs: int = 1024) -> None:
+                 cuda_graph_max_bs: int | None = None, default_graph_max_bs: int = 1024,
+                 piecewise_max_tokens: int | None = None) -> None:
         directory = profile_dir(hardware.name, model.name) if profile == "auto" else Path(profile)
         if not has_profile(directory):
             raise FileNotFoundError(f"no profile for {model.name} on {hardware.name} in {directory}: "
@@ -47,7 +48,10 @@ class ProfiledCostModel:
             raise ValueError("profiled cost model: the profile is of one GPU per replica (tp=ep=pp=1, "
                              "no DP attention); use costmodel=roofline for this layout")
         self.directory, self.model = directory, model
-        self.roofline = fallback(model=model, hardware=hardware, layout=layout, cuda_graph_max_bs=cuda_graph_max_bs)
+        # the profile measured extend steps as the runtime ran them (piecewise graphs where it had them);
+        # the roofline prices the steps outside its grid the same way
+        self.roofline = fallback(model=model, hardware=hardware, layout=layout, cuda_graph_max_bs=cuda_graph_max_bs,
+                                 piecewise_max_tokens=piecewise_max_tokens)
         decode = pd.read_csv(directory / "decode.csv")
         self.graph = DecodeTable(decode[decode["path"] == "graph"]) if cuda_graph else DecodeTable(decode.iloc[:0])
         self.eager = DecodeTable(decode[decode["path"] == "eager"])

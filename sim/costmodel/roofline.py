@@ -12,13 +12,16 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from runtime.core.graph_grids import extend_token_buckets, padded_size
 from runtime.core.hardware import HardwareSpec
 from runtime.core.layout import ParallelLayout
 from runtime.core.model_spec import ModelSpec
 from sim.costmodel.base import StepShape
 from sim.costmodel.collective_table import build_collectives
 from sim.costmodel.profile_tables import PROFILES_DIR
-from sim.costmodel.roofline_ops import GPU_OPS, FixedTerms, LayerCoefficients, price_fixed_terms
+from sim.costmodel.roofline_ops import (
+    GPU_OPS, PIECEWISE_EAGER_KERNELS_PER_LAYER, FixedTerms, LayerCoefficients, price_fixed_terms,
+)
 
 # Breakdown keys, in summation order: GPU work, then `launch` (host launch time the GPU does
 # not hide) and `cpu_overhead` (the scheduler's per-step work).
@@ -45,7 +48,10 @@ class RooflineCostModel:
     plus `comm_per_rank_latency_s` per extra rank and `inter_node_latency_s` past one node.
 
     Launch: a decode-only step of at most `cuda_graph_max_bs` (None: any number of) requests replays a CUDA graph
-    (`hardware.cuda_graph_launch_s`, when `cuda_graph`); any other step launches every kernel
+    (`hardware.cuda_graph_launch_s`, when `cuda_graph`); any other step of at most `piecewise_max_tokens`
+    new tokens (None or 0: no such step) replays piecewise graphs as the runtime does -- its non-attention
+    work padded to the captured token count (runtime.core.graph_grids), num_layers + 1 graph launches and
+    PIECEWISE_EAGER_KERNELS_PER_LAYER eager kernel launches per layer on the host; any other step launches every kernel
     eagerly at `kernel_launch_s` each (None: the hardware's), plus `eager_launch_per_seq_s` per
     sequence (batch building), overlapped with GPU work, so only the host time
     beyond the GPU time shows (at least one launch). Each kernel also costs `kernel_floor_s` of
@@ -72,7 +78,8 @@ class RooflineCostModel:
                  act_dtype_bytes: int = 2, cache_size: int = 65536,
                  moe_mfu: float | None = None, moe_mbu: float | None = None, fp8_mfu_scale: float = 1.0,
                  kernel_launch_s: float | None = None, eager_launch_per_seq_s: float = 0.0,
-                 cpu_overhead_per_extend_s: float = 0.0, cpu_overhead_per_token_s: float = 0.0) -> None:
+                 cpu_overhead_per_extend_s: float = 0.0, cpu_overhead_per_token_s: float = 0.0,
+                 piecewise_max_tokens: int | None = None) -> None:
         layout.validate(model)
         for key, value, most in (("mfu", mfu, 1), ("mbu", mbu, MAX_MBU), ("attention_mfu", attention_mfu, 1),
                                  ("attention_mbu", attention_mbu, MAX_MBU), ("moe_efficiency", moe_efficiency, 1),
@@ -82,6 +89,8 @@ class RooflineCostModel:
                 raise ValueError(f"{key} must be in (0, {most}], got {value}")
         self.model, self.hardware, self.layout = model, hardware, layout
         self.cuda_graph, self.cuda_graph_max_bs = cuda_graph, cuda_graph_max_bs
+        self.piecewise_buckets = (extend_token_buckets(piecewise_max_tokens)
+                                  if cuda_graph and piecewise_max_tokens else [])
         self.cpu_overhead_s, self.cpu_overhead_per_seq_s = cpu_overhead_s, cpu_overhead_per_seq_s
         self.cpu_overhead_per_extend_s, self.cpu_overhead_per_token_s = cpu_overhead_per_extend_s, cpu_overhead_per_token_s
         self.kernel_launch_s = hardware.kernel_launch_s if kernel_launch_s is None else kernel_launch_s
@@ -143,8 +152,9 @@ class RooflineCostModel:
                      num_decode: int) -> FixedTerms:
         use_graph = (self.cuda_graph and not extend_new and 0 < num_decode
                      and (self.cuda_graph_max_bs is None or num_decode <= self.cuda_graph_max_bs))
+        padded = None if use_graph else padded_size(sum(extend_new) + num_decode, self.piecewise_buckets)
         terms = price_fixed_terms(self.coef, extend_new, extend_prefix, num_decode, use_graph,
-                                  self.collectives)
+                                  self.collectives, padded_tokens=padded)
         num_seqs = len(extend_new) + num_decode
         terms.cpu_s = (self.cpu_overhead_s + self.cpu_overhead_per_seq_s * num_seqs
                        + self.cpu_overhead_per_extend_s * len(extend_new)
@@ -171,7 +181,13 @@ class RooflineCostModel:
             return np.zeros_like(gpu_s)
         if fixed.use_graph:
             return np.full_like(gpu_s, hw.cuda_graph_launch_s)
-        host_s = self.coef.num_kernels * self.kernel_launch_s + self.eager_launch_per_seq_s * fixed.num_seqs
+        c = self.coef
+        if fixed.piecewise:
+            host_s = ((c.num_layers + 1) * hw.cuda_graph_launch_s
+                      + c.num_layers * PIECEWISE_EAGER_KERNELS_PER_LAYER * self.kernel_launch_s
+                      + self.eager_launch_per_seq_s * fixed.num_seqs)
+            return np.maximum(hw.cuda_graph_launch_s, host_s - gpu_s)
+        host_s = c.num_kernels * self.kernel_launch_s + self.eager_launch_per_seq_s * fixed.num_seqs
         return np.maximum(self.kernel_launch_s, host_s - gpu_s)
 
 

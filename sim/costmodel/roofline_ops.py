@@ -204,9 +204,15 @@ def _count_kernels(model: ModelSpec, layout: ParallelLayout, per_layer: int | No
     return total
 
 
+# kernels of one layer's attention core that a piecewise-graph step launches eagerly between its graph
+# pieces (runtime.models: KV store, latent gather / kv_b expansion or absorption bmms, attention, output copy)
+PIECEWISE_EAGER_KERNELS_PER_LAYER = 5
+
+
 @dataclass
 class FixedTerms:
-    """A step's costs that do not depend on decode context lengths."""
+    """A step's costs that do not depend on decode context lengths. piecewise: the step replays
+    per-layer graph pieces (num_layers + 1 graph launches) around eagerly launched attention cores."""
 
     gpu_s: dict[str, float]
     gpu_sum_s: float
@@ -214,19 +220,26 @@ class FixedTerms:
     use_graph: bool = False
     cpu_s: float = 0.0
     num_seqs: int = 0
+    piecewise: bool = False
 
 
 def price_fixed_terms(c: LayerCoefficients, extend_new: tuple[int, ...],
                       extend_prefix: tuple[int, ...], num_decode: int,
-                      use_graph: bool, collectives: CollectiveCost) -> FixedTerms:
+                      use_graph: bool, collectives: CollectiveCost,
+                      padded_tokens: int | None = None) -> FixedTerms:
     """All GPU operator times of a step except decode attention (set to 0 here). Without a
     CUDA graph every kernel also waits `eager_kernel_gap_s` for its launch to reach the GPU,
-    and every collective pays its eager latency."""
+    and every collective pays its eager latency. padded_tokens (a piecewise-graph step): the graph
+    pieces -- everything but attention, the LM head and the sampler -- run over this many tokens,
+    and only the attention cores' kernels wait for eager launches."""
     t_ext = sum(extend_new)
     T, S = t_ext + num_decode, len(extend_new) + num_decode
     gpu = dict.fromkeys(GPU_OPS, 0.0)
     if T == 0:
         return FixedTerms(gpu, 0.0, 0, use_graph)
+    piecewise = padded_tokens is not None
+    num_real = T
+    T = padded_tokens if piecewise else T
     L, Ld, Lm = c.num_layers, c.num_dense_layers, c.num_moe_layers
     H, ab = c.hidden_size, c.act_dtype_bytes
     gpu["attn_proj"] = L * _roof(2 * T * c.attn_proj_params,
@@ -247,10 +260,10 @@ def price_fixed_terms(c: LayerCoefficients, extend_new: tuple[int, ...],
     elementwise_bytes = L * (T * c.elementwise_bytes_per_token_layer + c.norm_bytes_per_layer)
     gpu["elementwise"] = (elementwise_bytes + T * H * ab) / c.gemm_bytes_per_s   # + embedding
     gpu["sampler"] = c.sampler_base_s + c.sampler_per_seq_s * S
-    _price_communication(c, gpu, T, collectives, use_graph)
-    gap_s = c.kernel_floor_s + (0.0 if use_graph else c.eager_kernel_gap_s)
-    gpu["kernel_floor"] = c.num_kernels * gap_s
-    return FixedTerms(gpu, sum(gpu[op] for op in GPU_OPS), T, use_graph, num_seqs=S)
+    _price_communication(c, gpu, T, collectives, use_graph or piecewise)
+    eager_kernels = 0 if use_graph else (L * PIECEWISE_EAGER_KERNELS_PER_LAYER if piecewise else c.num_kernels)
+    gpu["kernel_floor"] = c.num_kernels * c.kernel_floor_s + eager_kernels * c.eager_kernel_gap_s
+    return FixedTerms(gpu, sum(gpu[op] for op in GPU_OPS), num_real, use_graph, num_seqs=S, piecewise=piecewise)
 
 
 def moe_experts_s(c: LayerCoefficients, num_tokens: int) -> float:

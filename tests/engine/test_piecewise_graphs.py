@@ -23,7 +23,8 @@ from runtime.engine.fast_path import FastPathConfig, FusedSmallOps  # noqa: E402
 from runtime.engine.forward_batch import ForwardBatch  # noqa: E402
 from runtime.engine.kv_pool import create_kv_pool  # noqa: E402
 from runtime.engine.model_runner import ModelRunner  # noqa: E402
-from runtime.engine.piecewise_graph_runner import PiecewiseGraphRunner, extend_token_buckets  # noqa: E402
+from runtime.core.graph_grids import extend_token_buckets  # noqa: E402
+from runtime.engine.piecewise_graph_runner import PiecewiseGraphRunner  # noqa: E402
 from runtime.models.attention_backend import TorchAttentionBackend  # noqa: E402
 from runtime.models.config import ModelConfig  # noqa: E402
 from runtime.models.loader import build_model  # noqa: E402
