@@ -1,0 +1,61 @@
+"""The roofline's twin of the runtime's piecewise CUDA graphs (runtime/engine/piecewise_graph_runner.py):
+an extend step that fits the largest captured token count pays graph launches plus the eager attention
+cores instead of every kernel's launch, and its non-attention work runs over the padded token count; the
+limit follows the runtime's config unless the cost model sets its own."""
+from __future__ import annotations
+
+import pytest
+
+from experiments.compose import compose_config
+from runtime.core.graph_grids import extend_token_buckets, padded_size
+from sim.predictor import runtime_graph_limits
+from tests.sim.test_roofline import cost_model, prefill
+
+STATIC_OPS = ("attn_proj", "dense_mlp", "moe_gate", "moe_experts", "shared_experts", "elementwise")
+
+
+def test_off_by_default_and_zero_means_off() -> None:
+    plain, zero = cost_model(), cost_model(piecewise_max_tokens=0)
+    for shape in (prefill(300), prefill(4200), prefill(100, 7, prefix=(0, 500))):
+        assert plain.step_time_s(shape) == zero.step_time_s(shape)
+
+
+def test_small_prefills_lose_their_launch_cost() -> None:
+    launch = {"kernel_launch_s": 5e-5}                   # the H200 fit's host cost per eager kernel
+    eager, piecewise = cost_model(**launch), cost_model(piecewise_max_tokens=8192, **launch)
+    small = prefill(64)
+    assert piecewise.breakdown_s(small)["launch"] < 0.25 * eager.breakdown_s(small)["launch"]
+    assert piecewise.step_time_s(small) < eager.step_time_s(small)
+    big = prefill(16384)                                   # past the largest captured step: eager as before
+    assert piecewise.step_time_s(big) == eager.step_time_s(big)
+
+
+def test_static_work_runs_over_the_padded_token_count() -> None:
+    piecewise, eager = cost_model(piecewise_max_tokens=8192), cost_model()
+    tokens = 4200
+    padded = padded_size(tokens, extend_token_buckets(8192))
+    assert padded == 4608
+    got, padded_eager = piecewise.breakdown_s(prefill(tokens)), eager.breakdown_s(prefill(padded))
+    for op in STATIC_OPS:
+        assert got[op] == pytest.approx(padded_eager[op], rel=1e-12), op
+    real = eager.breakdown_s(prefill(tokens))
+    assert got["attn_prefill"] == pytest.approx(real["attn_prefill"], rel=1e-12)   # attention: real tokens
+    assert got["moe_experts"] > real["moe_experts"]
+
+
+@pytest.mark.parametrize("overrides,expected", [
+    ([], 8192),                                            # the chunk size
+    (["scheduler.chunked_prefill_size=2048"], 2048),
+    (["real.piecewise_cuda_graph_max_tokens=512"], 512),
+    (["real.piecewise_cuda_graph=false"], 0),
+    (["real.cuda_graph=false"], 0),
+    (["tp=2"], 0),                                         # the runtime captures them on one GPU only
+    (["costmodel=roofline", "costmodel.piecewise_max_tokens=1024"], None),   # the cost model's own
+])
+def test_limit_follows_the_runtime(overrides: list[str], expected: int | None) -> None:
+    cfg = compose_config(["mode=sim", "costmodel=roofline"] + overrides)
+    limits = runtime_graph_limits(cfg)
+    if expected is None:
+        assert "piecewise_max_tokens" not in limits
+    else:
+        assert limits["piecewise_max_tokens"] == expected
