@@ -13,7 +13,9 @@ from contextlib import contextmanager
 
 @contextmanager
 def gc_paused() -> Iterator[None]:
-    """Run the body with the collector off and the heap so far frozen; restore both after."""
+    """Run the body with the collector off and the heap so far frozen; restore both after. What the
+    body allocated and kept ends in the oldest generation (not in the youngest, whose first
+    collection after the loop would otherwise scan every object the loop made)."""
     was_enabled = gc.isenabled()
     gc.collect()
     gc.freeze()
@@ -21,6 +23,7 @@ def gc_paused() -> Iterator[None]:
     try:
         yield
     finally:
-        gc.unfreeze()
+        gc.freeze()      # the loop's survivors join the frozen heap: the youngest generation is empty
+        gc.unfreeze()    # and all of it goes to the oldest, as survivors of collections would
         if was_enabled:
             gc.enable()

@@ -140,9 +140,16 @@ class KVManager:
         aligned = self._aligned(req.num_computed_tokens)
         if not self.cache.enabled or aligned <= locked:
             return locked, locked, None
-        tokens = req.input_ids if aligned <= len(req.input_ids) else req.tokens()   # no copy of a prompt
+        num_input = len(req.input_ids)
+        if aligned <= num_input:
+            tokens, offset = req.input_ids, 0                # no copy of a prompt
+        elif locked >= num_input:
+            tokens, offset = req.output_ids, num_input       # the walk starts past the prompt
+        else:
+            tokens, offset = req.tokens(), 0
         already, node = self.cache.insert_path(tokens, req.kv_slots, now, req.priority, count_hit,
-                                               num_tokens=aligned, start=MatchResult(locked, req.cache_node))
+                                               num_tokens=aligned, start=MatchResult(locked, req.cache_node),
+                                               key_offset=offset)
         if already > locked:
             self.allocator.free(req.kv_slots[locked:already])
         return aligned, already, node

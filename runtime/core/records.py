@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from runtime.core.batch import StepPlan
+from runtime.core.batch import ForwardMode, StepPlan
 from runtime.core.request import Request
 
 STEP_COLUMNS = (
@@ -34,20 +34,28 @@ class StepLog:
     def record(self, plan: StepPlan, start_s: float, end_s: float, kv_tokens_used: int,
                num_waiting: int, num_running: int, predicted_s: float | None = None) -> None:
         c = self.columns
+        items = plan.items
+        if plan.mode is ForwardMode.DECODE:     # every item decodes one token: one pass
+            num_prefill, num_decodes, extend_prefix = 0, len(items), 0
+            decode_context = sum(it.num_prefix_tokens for it in items) + len(items)
+        else:
+            num_prefill, num_decodes = plan.num_prefill_tokens, plan.num_decode_requests
+            extend_prefix = sum(it.num_prefix_tokens for it in items if not it.is_decode)
+            decode_context = sum(it.num_prefix_tokens + 1 for it in items if it.is_decode)
         c["step_id"].append(plan.step_id)
         c["start_s"].append(start_s)
         c["end_s"].append(end_s)
         c["mode"].append(plan.mode.value)
-        c["batch_size"].append(plan.batch_size)
-        c["num_prefill_tokens"].append(plan.num_prefill_tokens)
-        c["num_decode_requests"].append(plan.num_decode_requests)
+        c["batch_size"].append(len(items))
+        c["num_prefill_tokens"].append(num_prefill)
+        c["num_decode_requests"].append(num_decodes)
         c["num_cache_hit_tokens"].append(plan.num_cache_hit_tokens)
         c["kv_tokens_used"].append(kv_tokens_used)
         c["num_retractions"].append(len(plan.retracted_rids))
         c["num_waiting"].append(num_waiting)
         c["num_running"].append(num_running)
-        c["extend_prefix_tokens"].append(sum(it.num_prefix_tokens for it in plan.items if not it.is_decode))
-        c["decode_context_tokens"].append(sum(it.num_prefix_tokens + 1 for it in plan.items if it.is_decode))
+        c["extend_prefix_tokens"].append(extend_prefix)
+        c["decode_context_tokens"].append(decode_context)
         c["predicted_s"].append(self._predicted(start_s, end_s, predicted_s))
         if self.plan_signatures is not None:
             self.plan_signatures.append(plan.signature())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
 
 from runtime.core.admission import PrefillBudget
 from runtime.core.batch import ForwardMode, ScheduledItem, StepPlan, StepResult
@@ -189,7 +190,7 @@ class Scheduler:
 
     def _decode_items(self, now: float) -> list[ScheduledItem]:
         slots = self.kv.allocate_decode(self.running, now)
-        return [ScheduledItem(req, req.num_computed_tokens, 1, s, is_decode=True, samples=True)
+        return [ScheduledItem(req, req.num_computed_tokens, 1, s, True, True)   # is_decode, samples
                 for req, s in zip(self.running, slots)]
 
     # -- memory pressure -----------------------------------------------------------------
@@ -271,6 +272,10 @@ class Scheduler:
         `resolve` of this step, so a request this step ends is still in the next step's batch
         (its token there is dropped): SGLang's overlap scheduler behaves the same way.
         Items whose request ended (or was retracted) since they were scheduled are skipped."""
+        if plan.mode is ForwardMode.DECODE:
+            self._advance_decode(plan.items, placeholder_ids)
+            self.step_id += 1
+            return
         placeholders = iter(placeholder_ids) if placeholder_ids is not None else None
         clip = self.config.clip_max_new_tokens
         waiting, decoding = RequestStatus.WAITING, RequestStatus.DECODING
@@ -298,16 +303,32 @@ class Scheduler:
                 self.reserved_running_tokens += self._reservation(req)
         self.step_id += 1
 
+    def _advance_decode(self, items: list[ScheduledItem], placeholder_ids: list[int] | None) -> None:
+        """`advance` of a decode-only step (every item decodes and samples one token)."""
+        clip = self.config.clip_max_new_tokens
+        waiting, decoding = RequestStatus.WAITING, RequestStatus.DECODING
+        tokens = placeholder_ids if placeholder_ids is not None else itertools.repeat(-1)
+        num_shrunk = 0
+        for item, token in zip(items, tokens):
+            req = item.request
+            status = req.status
+            if status is not decoding and (status is waiting or req.is_finished):
+                item.dropped = True               # ended or retracted after it was scheduled
+                continue
+            req.num_computed_tokens += 1
+            outputs = req.output_ids
+            if req.sampling.max_new_tokens - len(outputs) <= clip:
+                num_shrunk += 1                   # its reservation shrinks by this token
+            outputs.append(token)
+        self.reserved_running_tokens -= num_shrunk
+
     def resolve(self, plan: StepPlan, result: StepResult, now: float) -> None:
         """The step's sampled tokens arrived at `now`: replace the placeholders, stamp token times,
         end requests that reached a stop token or max_new_tokens (releasing their KV)."""
-        tokens = iter(result.next_token_ids)
-        ended_states = (RequestStatus.FINISHED, RequestStatus.ABORTED)
+        finished, aborted = RequestStatus.FINISHED, RequestStatus.ABORTED
         num_ended = 0
-        for item in plan.items:
-            if not item.samples:
-                continue
-            token = next(tokens)
+        items = plan.items if plan.mode is ForwardMode.DECODE else plan.sampling_items
+        for item, token in zip(items, result.next_token_ids):
             if item.dropped:
                 continue
             req = item.request
@@ -319,15 +340,21 @@ class Scheduler:
             req.token_times_s.append(now)
             if req.first_token_s is None:
                 req.first_token_s = now
-            if req.status in ended_states:
+            status = req.status
+            if status is finished or status is aborted:
                 continue
-            reason = req.finishes_with(token, num_outputs=index + 1)
-            if reason is not None:
-                in_queue = req.status is RequestStatus.WAITING
-                self._end(req, reason, now)
-                if in_queue:                       # retracted after its step was launched
-                    self.waiting.remove(req)
-                num_ended += 1
+            sampling = req.sampling               # Request.finishes_with, inlined
+            if index + 1 >= sampling.max_new_tokens:
+                reason = FinishReason.LENGTH
+            elif not sampling.ignore_eos and token in sampling.stop_token_ids:
+                reason = FinishReason.STOP
+            else:
+                continue
+            in_queue = status is RequestStatus.WAITING
+            self._end(req, reason, now)
+            if in_queue:                           # retracted after its step was launched
+                self.waiting.remove(req)
+            num_ended += 1
         if num_ended:
             self._keep_running(lambda r: not r.is_finished)
 

@@ -10,7 +10,7 @@ from typing import Protocol
 
 import numpy as np
 
-from runtime.core.batch import StepPlan
+from runtime.core.batch import ForwardMode, StepPlan
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,9 @@ class StepShape:
 
     @classmethod
     def from_plan(cls, plan: StepPlan) -> "StepShape":
+        if plan.mode is ForwardMode.DECODE:           # one pass: every item decodes one token
+            n = len(plan.items)
+            return cls(num_decode_reqs=n, decode_context_tokens=sum(it.num_prefix_tokens for it in plan.items) + n)
         extends = [it for it in plan.items if not it.is_decode]
         decodes = [it for it in plan.items if it.is_decode]
         return cls(

@@ -155,26 +155,33 @@ class RadixCache:
 
     def insert_path(self, token_ids: Sequence[int], slots: Sequence[int], now: float, priority: int = 0,
                     count_hit: bool = True, num_tokens: int | None = None,
-                    start: MatchResult | None = None) -> tuple[int, TreeNode]:
+                    start: MatchResult | None = None, key_offset: int = 0) -> tuple[int, TreeNode]:
         """`insert`, also returning the node that ends at the inserted (page-aligned) length (the
-        root when nothing is inserted). `start`: a node known to hold token_ids[:start.length]
-        (e.g. the one the caller has locked); its path is touched without comparing its tokens
-        again and the walk goes on from it."""
+        root when nothing is inserted). `start`: a node known to hold the first start.length
+        tokens (e.g. the one the caller has locked); its path is touched without comparing its
+        tokens again and the walk goes on from it. `key_offset`: token_ids[i] is the token at
+        position key_offset + i (the tokens before it are never read: start.length >= key_offset),
+        so a caller holding a prefix need not build the whole token list; slots stay whole."""
         if num_tokens is None:
-            if len(slots) != len(token_ids):
+            if len(slots) != len(token_ids) + key_offset:
                 raise ValueError(f"insert needs one slot per token: {len(token_ids)} tokens, {len(slots)} slots")
-            num_tokens = len(token_ids)
-        elif not 0 <= num_tokens <= min(len(token_ids), len(slots)):
+            num_tokens = len(slots)
+        elif not 0 <= num_tokens <= min(len(token_ids) + key_offset, len(slots)):
             raise ValueError(f"insert of {num_tokens} tokens from {len(token_ids)} tokens, {len(slots)} slots")
         if not self.enabled:
             return 0, self.root
-        key = token_ids if isinstance(token_ids, list) else list(token_ids[:num_tokens])
+        off = key_offset
+        key = token_ids if isinstance(token_ids, list) else list(token_ids[:num_tokens - off])
         limit = num_tokens - num_tokens % self.page_size
         node, pos = self.root, 0
-        if start is not None and 0 < start.length <= limit:
+        from_start = start is not None and 0 < start.length <= limit
+        if from_start:
             if start.node.evicted:
                 raise ValueError(f"insert from an evicted node {start.node}")
             node, pos = start.node, start.length
+        if pos < off:
+            raise ValueError(f"insert with key_offset {off} must start at least there, not at {pos}")
+        if from_start:
             ancestor = node
             while ancestor.parent is not None:          # the same touch as walking down to it
                 ancestor.last_access_s = now
@@ -182,12 +189,13 @@ class RadixCache:
                 ancestor.hit_count += count_hit
                 ancestor = ancestor.parent
         while pos < limit:
-            child = node.children.get(edge_key(key, pos, self.page_size))
+            child = node.children.get(edge_key(key, pos - off, self.page_size))
             if child is None:
                 leaf_slots = np.array(slots[pos:limit], dtype=SLOT_DTYPE)   # the tree's own copy
-                leaf = self._add_leaf(node, key[pos:limit], leaf_slots, now, priority, hit_count=int(count_hit))
+                leaf = self._add_leaf(node, key[pos - off:limit - off], leaf_slots, now, priority,
+                                      hit_count=int(count_hit))
                 return pos, leaf
-            matched = self._matched_len(key, pos, child, limit)
+            matched = self._matched_len(key, pos - off, child, limit - off)
             if matched < len(child.key):
                 child = self._split(child, matched)
             child.last_access_s = now

@@ -243,3 +243,27 @@ def test_path_slots_gathers_only_the_asked_range() -> None:
     node = cache.match_prefix(list(range(30))).node
     assert cache.path_slots(node, 30, 5, 25).tolist() == slots[5:25]
     assert cache.path_slots(node, 30, 0, 30).tolist() == cache.match_prefix(list(range(30))).slots == slots
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_insert_with_key_offset_equals_insert_with_the_whole_key(page_size: int) -> None:
+    """A caller holding a prefix passes only the tokens past it (a request's outputs past its
+    prompt): the tree ends the same as when it is given every token."""
+    trees = []
+    for offset in (0, 8):
+        cache = make_cache(page_size=page_size)
+        head = list(range(8))
+        slots = cache.allocator.allocate(0, 8, None)
+        cache.insert(head, slots, now=1.0)
+        start = cache.match_prefix(head)
+        tail = [50, 51, 52, 53, 54, 55, 56, 57, 58]
+        more = slots + cache.allocator.allocate(8, len(tail), slots[-1])
+        key = (head + tail)[offset:]
+        already, node = cache.insert_path(key, more, now=2.0, num_tokens=16, start=start, key_offset=offset)
+        assert already == 8 and cache.match_prefix(head + tail).length == 16
+        check_tree(cache)
+        trees.append(sorted((tuple(path_tokens_and_slots(n)[0]), tuple(path_tokens_and_slots(n)[1]))
+                            for n in cache.iter_nodes()))
+    assert trees[0] == trees[1]
+    with pytest.raises(ValueError, match="key_offset"):
+        make_cache().insert_path([1, 2], [0, 1, 2, 3], now=0.0, num_tokens=4, key_offset=2)
