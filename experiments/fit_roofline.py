@@ -80,7 +80,7 @@ class Points:
     """Measured points: `table` names the profile table of each, `kind` how it is priced."""
 
     table: list[str] = field(default_factory=list)
-    kind: list[str] = field(default_factory=list)       # graph | eager | op:<name> | host
+    kind: list[str] = field(default_factory=list)       # runtime | eager | op:<name> | host
     shape: list[StepShape] = field(default_factory=list)
     measured_s: list[float] = field(default_factory=list)
 
@@ -98,16 +98,17 @@ def device_points(directory: Path) -> Points:
     """Every device-time point of the profile's decode, prefill, mixed and ops tables."""
     pts = Points()
     for r in pd.read_csv(directory / "decode.csv").itertuples(index=False):
-        pts.add(f"decode.csv {r.path}", r.path, StepShape((), (), int(r.batch_size), int(r.total_context_tokens)),
+        kind = "runtime" if r.path == "graph" else "eager"         # eager: graphs off
+        pts.add(f"decode.csv {r.path}", kind, StepShape((), (), int(r.batch_size), int(r.total_context_tokens)),
                 r.device_s)
     for r in pd.read_csv(directory / "prefill.csv").itertuples(index=False):
         n, each = int(r.num_seqs), int(r.new_tokens) // int(r.num_seqs)
         table = "prefill.csv one sequence" if n == 1 else "prefill.csv several sequences"
-        pts.add(table, "eager", StepShape((each,) * n, (int(r.prefix_tokens),) * n), r.device_s)
+        pts.add(table, "runtime", StepShape((each,) * n, (int(r.prefix_tokens),) * n), r.device_s)
     if (directory / "mixed.csv").exists():
         for r in pd.read_csv(directory / "mixed.csv").itertuples(index=False):
             shape = StepShape((int(r.new_tokens),), (0,), int(r.num_decode), int(r.num_decode * r.context_tokens))
-            pts.add("mixed.csv", "eager", shape, r.device_s)
+            pts.add("mixed.csv", "runtime", shape, r.device_s)
     if (directory / "ops.csv").exists():
         for r in pd.read_csv(directory / "ops.csv").itertuples(index=False):
             if r.op in OP_KERNELS:
@@ -127,11 +128,15 @@ def host_points(directory: Path) -> Points:
     return pts
 
 
-def base_constants() -> dict:
-    """roofline.yaml's values (the unfitted defaults), without Hydra keys; collectives off (tp = 1)."""
+def base_constants(meta: dict | None = None) -> dict:
+    """roofline.yaml's values (the unfitted defaults), without Hydra keys; collectives off (tp = 1); the
+    graph limits the profiled runtime ran with (meta.json's last run: decode graphs up to cuda_graph_max_bs,
+    piecewise graphs up to piecewise_max_tokens; absent = none, as before piecewise graphs existed)."""
     cfg = OmegaConf.to_container(OmegaConf.load(ROOFLINE_YAML))
     cfg = {k: v for k, v in cfg.items() if not k.startswith("_")}
-    cfg.update(collective_table=None, cuda_graph_max_bs=None, cache_size=256)
+    run = (meta or {}).get("runs", [{}])[-1]
+    cfg.update(collective_table=None, cuda_graph_max_bs=run.get("cuda_graph_max_bs"),
+               piecewise_max_tokens=run.get("piecewise_max_tokens", 0), cache_size=256)
     return cfg
 
 
@@ -154,7 +159,7 @@ class Predictor:
             elif kind.startswith("op:"):
                 out[i] = eager_op_s(eager, kind[3:], shape)
             else:
-                cm = graph if kind == "graph" else eager
+                cm = graph if kind == "runtime" else eager
                 out[i] = cm.step_time_s(shape) - cm.host_time_s(shape)
         return out
 
@@ -234,7 +239,7 @@ def load_profile(directory: Path) -> tuple[ModelSpec, HardwareSpec, dict]:
 def run_fit(directory: Path) -> dict:
     """Both fits on one profile directory: {"device": Fit, "host": Fit, "points": ..., ...}."""
     model, hardware, meta = load_profile(directory)
-    base = base_constants()
+    base = base_constants(meta)
     start = {**base, "moe_mfu": base["mfu"] * base["moe_efficiency"], "moe_mbu": base["mbu"] * base["moe_efficiency"],
              "kernel_launch_s": hardware.kernel_launch_s, "eager_launch_per_seq_s": 1e-6,
              "cpu_overhead_per_extend_s": 1e-5, "cpu_overhead_per_token_s": 1e-8}
