@@ -101,21 +101,23 @@ class KVManager:
         req.append_kv_slots(slots)
         return slots
 
-    def allocate_decode(self, reqs: list[Request], now: float) -> list:
+    def allocate_decode(self, reqs: list[Request], now: float) -> list[int]:
         """One slot for each request's next position (one allocator call when page_size == 1):
-        per request, a one-element list: the slot of its new token."""
+        per request, the slot of its new token."""
         if self.page_size > 1:
-            return [self.allocate(r, 1, now).tolist() for r in reqs]
+            return [int(self.allocate(r, 1, now)[0]) for r in reqs]
         if not self.ensure_free_pages(len(reqs), now):
             raise MemoryError(f"KV pool exhausted allocating a decode step of {len(reqs)} requests")
         slots = self.allocator.allocate_slots(0, len(reqs), None).tolist()
         for req, slot in zip(reqs, slots):
             n = req.num_kv_slots
-            if n == req._slot_buf.size:
+            buf = req._slot_buf
+            if n == buf.size:
                 req._grow_slots(n + 1)
-            req._slot_buf[n] = slot
+                buf = req._slot_buf
+            buf[n] = slot
             req.num_kv_slots = n + 1
-        return [[slot] for slot in slots]
+        return slots
 
     def allocate_many(self, reqs: list[Request], num_tokens: int, now: float) -> None:
         """`num_tokens` more slots for each request, in one allocator call (page_size 1 only)."""

@@ -190,7 +190,7 @@ class Scheduler:
 
     def _decode_items(self, now: float) -> list[ScheduledItem]:
         slots = self.kv.allocate_decode(self.running, now)
-        return [ScheduledItem(req, req.num_computed_tokens, 1, s, True, True)   # is_decode, samples
+        return [ScheduledItem(req, req.num_computed_tokens, 1, [s], True, True)   # is_decode, samples
                 for req, s in zip(self.running, slots)]
 
     # -- memory pressure -----------------------------------------------------------------

@@ -256,11 +256,15 @@ class RadixCache:
         evictable; their slots go back to the allocator. A parent left as an unlocked leaf becomes
         a candidate. Returns tokens evicted (may exceed num_tokens). evict(0) is a no-op."""
         num_evicted = 0
+        freed: list[np.ndarray] = []
         while num_evicted < num_tokens:
             leaf = self._queue.pop()
             if leaf is None:
                 break
+            freed.append(leaf.slots)
             num_evicted += self._remove_leaf(leaf)
+        if freed:   # one call; last evicted first, so the free stack ends as with one call per leaf
+            self.allocator.free(freed[0] if len(freed) == 1 else np.concatenate(freed[::-1]))
         return num_evicted
 
     def reset(self) -> None:
@@ -329,9 +333,9 @@ class RadixCache:
         return head
 
     def _remove_leaf(self, leaf: TreeNode) -> int:
+        """Unlink `leaf` (the caller frees its slots)."""
         parent = leaf.parent
         assert parent is not None and leaf.is_eviction_candidate()
-        self.allocator.free(leaf.slots)
         del parent.children[edge_key(leaf.key, 0, self.page_size)]
         leaf.parent = None
         leaf.evicted = True
