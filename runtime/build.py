@@ -16,6 +16,7 @@ from runtime.core.cache.radix_cache import RadixCache
 from runtime.core.hardware import HardwareSpec
 from runtime.core.kv_manager import KVManager
 from runtime.core.layout import ParallelLayout, kv_capacity_tokens
+from runtime.core.graph_grids import PIECEWISE_DEFAULT_MAX_TOKENS
 from runtime.core.memory_budget import check_fits, runtime_memory
 from runtime.core.model_spec import ModelSpec
 from runtime.core.scheduler import Scheduler
@@ -50,7 +51,8 @@ def kv_capacity_from_config(cfg: DictConfig, model: ModelSpec, hardware: Hardwar
 
 def piecewise_graph_tokens(cfg: DictConfig) -> int:
     """New tokens of the largest step the real runtime captures as piecewise CUDA graphs (0: none), as
-    runtime/engine/build_runner.py decides it."""
+    runtime/engine/build_runner.py decides it: `real.piecewise_cuda_graph_max_tokens`, or (null)
+    PIECEWISE_DEFAULT_MAX_TOKENS capped by the prefill chunk."""
     real = cfg.get("real")
     if real is None or not (real.get("fast_path") and real.get("cuda_graph") and real.get("piecewise_cuda_graph")):
         return 0
@@ -59,7 +61,7 @@ def piecewise_graph_tokens(cfg: DictConfig) -> int:
     if real.get("piecewise_cuda_graph_max_tokens") is not None:
         return int(real.piecewise_cuda_graph_max_tokens)
     chunk = int(cfg.scheduler.chunked_prefill_size)
-    return chunk if chunk > 0 else int(cfg.scheduler.max_prefill_tokens)
+    return min(PIECEWISE_DEFAULT_MAX_TOKENS, chunk if chunk > 0 else int(cfg.scheduler.max_prefill_tokens))
 
 
 def scheduler_config(cfg: DictConfig) -> SchedulerConfig:

@@ -5,6 +5,12 @@ from __future__ import annotations
 
 import bisect
 
+# Largest step captured as piecewise graphs unless configured: one H200, DeepSeek-V2-Lite, profiled side by
+# side (sim/profiles/h200): up to ~1024 new tokens a piecewise step takes 0.3-0.9x the eager one (launch-bound
+# steps), at 2048 the two are level, above it the step is GPU-bound and the static handoff copies around
+# each attention core make it 1-7% slower. SGLang's --piecewise-cuda-graph-max-tokens plays the same role.
+PIECEWISE_DEFAULT_MAX_TOKENS = 2048
+
 
 def capture_batch_sizes(max_bs: int) -> list[int]:
     """SGLang's decode capture grid: 1, 2, 4, 8, 12, 16, 24, 32, ... every 8 up to 256, then every 16, up to

@@ -68,6 +68,7 @@ def run_profile(cfg: DictConfig, out_dir: str | Path | None = None) -> dict:
         "model": core.model.name, "device_name": _device_name(runner.device), "dtype": str(cfg.real.dtype),
         "layout": {"tp": core.layout.tp, "ep": core.layout.ep, "pp": core.layout.pp},
         "kv_capacity_tokens": core.kv_capacity_tokens, "cuda_graph_max_bs": graph_max_bs,
+        "piecewise_max_tokens": runner.piecewise.buckets[-1] if runner.piecewise is not None else 0,
         "fast_path": bool(cfg.real.fast_path), "points_measured": len(points),
         "load_s": round(runner.load_time_s, 2), "wall_s": round(time.perf_counter() - started, 1)})
     print(f"profile: {len(points)} points measured in {time.perf_counter() - started:.0f} s -> {directory}")

@@ -44,8 +44,9 @@ def test_static_work_runs_over_the_padded_token_count() -> None:
 
 
 @pytest.mark.parametrize("overrides,expected", [
-    ([], 8192),                                            # the chunk size
-    (["scheduler.chunked_prefill_size=2048"], 2048),
+    ([], 2048),                                            # PIECEWISE_DEFAULT_MAX_TOKENS
+    (["scheduler.chunked_prefill_size=1024"], 1024),       # capped by the chunk
+    (["scheduler.chunked_prefill_size=-1", "scheduler.max_prefill_tokens=512"], 512),
     (["real.piecewise_cuda_graph_max_tokens=512"], 512),
     (["real.piecewise_cuda_graph=false"], 0),
     (["real.cuda_graph=false"], 0),
