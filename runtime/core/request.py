@@ -137,7 +137,7 @@ class Request:
         if slots.size == 0:
             self._slot_buf, self.num_kv_slots = _NO_SLOTS, 0
             return
-        buf = np.empty(max(slots.size, len(self.input_ids) + 1), dtype=SLOT_DTYPE)
+        buf = np.empty(max(slots.size, self._expected_slots()), dtype=SLOT_DTYPE)
         buf[:slots.size] = slots
         self._slot_buf, self.num_kv_slots = buf, slots.size
 
@@ -150,8 +150,12 @@ class Request:
         self._slot_buf[n:end] = slots
         self.num_kv_slots = end
 
+    def _expected_slots(self) -> int:
+        """A first buffer size that usually holds the whole request (outputs counted up to 2048)."""
+        return len(self.input_ids) + min(self.sampling.max_new_tokens, 2048) + 1
+
     def _grow_slots(self, min_capacity: int) -> None:
-        buf = np.empty(max(min_capacity, 2 * self._slot_buf.size, len(self.input_ids) + 16), dtype=SLOT_DTYPE)
+        buf = np.empty(max(min_capacity, 2 * self._slot_buf.size, self._expected_slots()), dtype=SLOT_DTYPE)
         buf[:self.num_kv_slots] = self._slot_buf[:self.num_kv_slots]
         self._slot_buf = buf
 
