@@ -29,12 +29,14 @@ class StepTiming:
 
 @contextmanager
 def eager_decode(runner) -> Iterator[None]:
-    """Decode steps run eagerly (no graph replay) inside the block."""
+    """Decode steps run eagerly inside the block: no decode graph, and no piecewise graphs (which would
+    otherwise take a decode batch the decode graphs do not cover)."""
     saved, runner.graphs = runner.graphs, None
+    saved_piecewise, runner.piecewise = getattr(runner, "piecewise", None), None
     try:
         yield
     finally:
-        runner.graphs = saved
+        runner.graphs, runner.piecewise = saved, saved_piecewise
 
 
 def time_plan(runner, plan: StepPlan, repeats: int) -> StepTiming:

@@ -50,8 +50,9 @@ class RooflineCostModel:
     Launch: a decode-only step of at most `cuda_graph_max_bs` (None: any number of) requests replays a CUDA graph
     (`hardware.cuda_graph_launch_s`, when `cuda_graph`); any other step of at most `piecewise_max_tokens`
     new tokens (None or 0: no such step) replays piecewise graphs as the runtime does -- its non-attention
-    work padded to the captured token count (runtime.core.graph_grids), num_layers + 1 graph launches and
-    PIECEWISE_EAGER_KERNELS_PER_LAYER eager kernel launches per layer on the host; any other step launches every kernel
+    work padded to the captured token count (runtime.core.graph_grids), one graph launch plus
+    `piecewise_layer_host_s` per layer on the host (a graph piece and the eager attention core; None:
+    a graph launch + PIECEWISE_EAGER_KERNELS_PER_LAYER eager launches); any other step launches every kernel
     eagerly at `kernel_launch_s` each (None: the hardware's), plus `eager_launch_per_seq_s` per
     sequence (batch building), overlapped with GPU work, so only the host time
     beyond the GPU time shows (at least one launch). Each kernel also costs `kernel_floor_s` of
@@ -79,7 +80,7 @@ class RooflineCostModel:
                  moe_mfu: float | None = None, moe_mbu: float | None = None, fp8_mfu_scale: float = 1.0,
                  kernel_launch_s: float | None = None, eager_launch_per_seq_s: float = 0.0,
                  cpu_overhead_per_extend_s: float = 0.0, cpu_overhead_per_token_s: float = 0.0,
-                 piecewise_max_tokens: int | None = None) -> None:
+                 piecewise_max_tokens: int | None = None, piecewise_layer_host_s: float | None = None) -> None:
         layout.validate(model)
         for key, value, most in (("mfu", mfu, 1), ("mbu", mbu, MAX_MBU), ("attention_mfu", attention_mfu, 1),
                                  ("attention_mbu", attention_mbu, MAX_MBU), ("moe_efficiency", moe_efficiency, 1),
@@ -95,6 +96,9 @@ class RooflineCostModel:
         self.cpu_overhead_per_extend_s, self.cpu_overhead_per_token_s = cpu_overhead_per_extend_s, cpu_overhead_per_token_s
         self.kernel_launch_s = hardware.kernel_launch_s if kernel_launch_s is None else kernel_launch_s
         self.eager_launch_per_seq_s = eager_launch_per_seq_s
+        self.piecewise_layer_host_s = (hardware.cuda_graph_launch_s
+                                       + PIECEWISE_EAGER_KERNELS_PER_LAYER * self.kernel_launch_s
+                                       if piecewise_layer_host_s is None else piecewise_layer_host_s)
         self.fit_constants: dict = {}    # what fitted() applied
         self.collectives = build_collectives(
             hardware, comm_efficiency=comm_efficiency, graph_latency_s=comm_graph_latency_s,
@@ -183,8 +187,7 @@ class RooflineCostModel:
             return np.full_like(gpu_s, hw.cuda_graph_launch_s)
         c = self.coef
         if fixed.piecewise:
-            host_s = ((c.num_layers + 1) * hw.cuda_graph_launch_s
-                      + c.num_layers * PIECEWISE_EAGER_KERNELS_PER_LAYER * self.kernel_launch_s
+            host_s = (hw.cuda_graph_launch_s + c.num_layers * self.piecewise_layer_host_s
                       + self.eager_launch_per_seq_s * fixed.num_seqs)
             return np.maximum(hw.cuda_graph_launch_s, host_s - gpu_s)
         host_s = c.num_kernels * self.kernel_launch_s + self.eager_launch_per_seq_s * fixed.num_seqs
