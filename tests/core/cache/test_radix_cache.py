@@ -267,3 +267,21 @@ def test_insert_with_key_offset_equals_insert_with_the_whole_key(page_size: int)
     assert trees[0] == trees[1]
     with pytest.raises(ValueError, match="key_offset"):
         make_cache().insert_path([1, 2], [0, 1, 2, 3], now=0.0, num_tokens=4, key_offset=2)
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_one_eviction_frees_as_one_call_per_leaf_would(page_size: int) -> None:
+    """Evicting several leaves at once hands their slots back in one allocator call; the free
+    stack must end as if each leaf had been freed on its own, in eviction order."""
+    def evict_all(batched: bool) -> list[int]:
+        cache = make_cache(num_slots=64, page_size=page_size)
+        for i, first in enumerate((1, 2, 3)):     # three disjoint prompts: three leaves
+            cache_sequence(cache, [first] * 8 + list(range(10 * first, 10 * first + 8)), now=float(i))
+        if batched:
+            assert cache.evict(cache.evictable_size(), now=9.0) == 48
+        else:
+            while (leaf := cache._queue.pop()) is not None:
+                cache.allocator.free(leaf.slots)
+                cache._remove_leaf(leaf)
+        return cache.allocator.allocate(0, 64 // page_size * page_size, None)
+    assert evict_all(batched=True) == evict_all(batched=False)
