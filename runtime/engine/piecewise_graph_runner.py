@@ -50,7 +50,7 @@ class _Core:
 
 class PiecewiseGraphRunner:
     """Captures every bucket of `token_buckets` for `model` (fused small ops required) and replays extend /
-    mixed / large decode steps of at most max(token_buckets) new tokens. The attention cores run on
+    mixed steps of at most max(token_buckets) new tokens. The attention cores run on
     `backend` (the runner's eager backend, planned once per step here). All pieces share one memory pool;
     buckets are captured largest first. `capture=False` captures nothing: `run_uncaptured` then runs the
     same data flow (padding, handoff buffers, cores on the real tokens) with the pieces as plain Python --
@@ -143,7 +143,11 @@ class PiecewiseGraphRunner:
 
     # -- replay ----------------------------------------------------------------------------
     def bucket(self, fb: ForwardBatch) -> int | None:
-        """The captured token count this step pads to, or None (more new tokens than the largest)."""
+        """The captured token count this step pads to, or None: a decode-only step (decode graphs or
+        eager, as in SGLang, whose piecewise graphs serve extend batches) or more new tokens than the
+        largest."""
+        if fb.all_decode:
+            return None
         return padded_size(fb.num_tokens, self.buckets)
 
     def _prepare(self, fb: ForwardBatch, num_padded: int) -> StepContext:

@@ -48,7 +48,7 @@ class RooflineCostModel:
     plus `comm_per_rank_latency_s` per extra rank and `inter_node_latency_s` past one node.
 
     Launch: a decode-only step of at most `cuda_graph_max_bs` (None: any number of) requests replays a CUDA graph
-    (`hardware.cuda_graph_launch_s`, when `cuda_graph`); any other step of at most `piecewise_max_tokens`
+    (`hardware.cuda_graph_launch_s`, when `cuda_graph`); a step with extends of at most `piecewise_max_tokens`
     new tokens (None or 0: no such step) replays piecewise graphs as the runtime does -- its non-attention
     work padded to the captured token count (runtime.core.graph_grids), one graph launch plus
     `piecewise_layer_host_s` per layer on the host (a graph piece and the eager attention core; None:
@@ -156,7 +156,7 @@ class RooflineCostModel:
                      num_decode: int) -> FixedTerms:
         use_graph = (self.cuda_graph and not extend_new and 0 < num_decode
                      and (self.cuda_graph_max_bs is None or num_decode <= self.cuda_graph_max_bs))
-        padded = None if use_graph else padded_size(sum(extend_new) + num_decode, self.piecewise_buckets)
+        padded = (padded_size(sum(extend_new) + num_decode, self.piecewise_buckets) if extend_new else None)
         terms = price_fixed_terms(self.coef, extend_new, extend_prefix, num_decode, use_graph,
                                   self.collectives, padded_tokens=padded)
         num_seqs = len(extend_new) + num_decode

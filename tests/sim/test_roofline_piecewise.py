@@ -30,6 +30,15 @@ def test_small_prefills_lose_their_launch_cost() -> None:
     assert piecewise.step_time_s(big) == eager.step_time_s(big)
 
 
+def test_decode_only_steps_past_the_graph_limit_stay_eager() -> None:
+    from tests.sim.test_roofline import decode
+
+    eager = cost_model(cuda_graph_max_bs=256)
+    piecewise = cost_model(cuda_graph_max_bs=256, piecewise_max_tokens=2048)
+    assert piecewise.step_time_s(decode(400)) == eager.step_time_s(decode(400))
+    assert piecewise.step_time_s(decode(200)) == eager.step_time_s(decode(200))   # the decode graph
+
+
 def test_static_work_runs_over_the_padded_token_count() -> None:
     piecewise, eager = cost_model(piecewise_max_tokens=8192), cost_model()
     tokens = 4200
