@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# One device call on 2 GPUs: `python run.py mode=real` served with tp=2 and with dp=2 against dp=1 on the same
+# fixed offline workload (summaries copied to OUT/<layout>.json; the table printed at the end).
+#   bash experiments/gpu_jobs/layouts_serve.sh OUT
+set -uo pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl 2>/dev/null || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+OUT=${1:-${OUT:-/tmp/out}}
+mkdir -p "$OUT"
+W="workload=random workload.range_ratio=1.0 real.as_fast_as_possible=true workload.num_requests=400 workload.input_len=1000 workload.output_len=100"
+for layout in "dp=1" "dp=2" "tp=2"; do
+  name=${layout/=/}
+  start=$(date +%s)
+  timeout ${LAYOUT_TIMEOUT_S:-150} python run.py mode=real $layout $W progress=false real.cuda_graph_max_bs=256 \
+    hydra.run.dir=/tmp/layouts/$name 2>&1 | grep -v Warning | tail -4
+  cp /tmp/layouts/$name/summary.json "$OUT/$name.json" 2>/dev/null
+  echo "$layout: $(( $(date +%s) - start )) s"
+done
+python - "$OUT" <<'PY'
+import json, sys, pathlib
+for f in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
+    s = json.loads(f.read_text())
+    print(f.stem, s["num_finished"], "req", round(s["duration_s"], 2), "s", round(s["throughput"]["requests_per_s"], 2), "req/s",
+          "TPOT", round(1e3 * s["tpot_s"]["mean"], 2), "ms")
+PY
