@@ -22,18 +22,15 @@ import pytest  # noqa: E402
 from runtime.engine.fast_path import FastPathConfig, FusedSmallOps  # noqa: E402
 from runtime.engine.forward_batch import ForwardBatch  # noqa: E402
 from runtime.engine.kv_pool import create_kv_pool  # noqa: E402
-from runtime.engine.model_runner import ModelRunner  # noqa: E402
 from runtime.core.graph_grids import extend_token_buckets, padded_size  # noqa: E402
+from runtime.engine.model_runner import ModelRunner  # noqa: E402
 from runtime.engine.piecewise_graph_runner import PiecewiseGraphRunner  # noqa: E402
 from runtime.models.attention_backend import TorchAttentionBackend  # noqa: E402
 from runtime.models.config import ModelConfig  # noqa: E402
 from runtime.models.loader import build_model  # noqa: E402
 from tests.engine.test_fast_path import MAX_LEN, Sequences, assert_close_logits, hf_config, prompts  # noqa: E402
+from tests.engine.test_fused_small_ops import gpu, interpreter_only, needs_cuda  # noqa: E402
 
-HAS_CUDA = torch.cuda.is_available()
-gpu = pytest.mark.gpu
-needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-interpreter_only = pytest.mark.skipif(HAS_CUDA, reason="CPU-interpreter test; the gpu tests cover CUDA")
 
 
 def test_bucket_grid_covers_every_step_with_little_padding() -> None:
