@@ -146,7 +146,8 @@ class SimDriver:
             if self.fast_forward and plan.mode is ForwardMode.DECODE:
                 num_steps = sched.decode_run_bound(plan, self.max_run_steps, env.now)
             if num_steps > 1:
-                yield from self._decode_run(env, plan, num_steps, next_arrival, steps)
+                finished = yield from self._decode_run(env, plan, num_steps, next_arrival, steps, finished,
+                                                       done, source)
             else:
                 result = self.executor.execute(plan)
                 yield env.timeout(result.duration_s)
@@ -156,16 +157,71 @@ class SimDriver:
             done.extend(finished)
             source.finished(finished)
 
-    def _decode_run(self, env: simpy.Environment, plan, num_steps: int, next_arrival: float | None, steps: StepLog):
-        durations = self.executor.decode_durations_s(plan, num_steps)
+    def _decode_run(self, env: simpy.Environment, plan, num_steps: int, next_arrival: float | None,
+                    steps: StepLog, finished: list[Request], done: list[Request], source: ArrivalSource):
+        """A coalesced decode run from now. Requests that end before its last step are reported
+        before it is slept through (each step but the last ends before the next arrival, so any
+        arrival sees them as stepping would); returns the rest of `finished` and the last step's."""
+        sched = self.scheduler
+        groups, durations, _ = self._run_costs(plan, num_steps, overlap=False)
         ends = np.cumsum(np.concatenate(([env.now], durations)))     # sequential sums, like stepping
         if next_arrival is not None:          # stop after the first step that ends at/after it
             num_steps = min(num_steps, int(np.searchsorted(ends[1:], next_arrival, side="left")) + 1)
         starts, ends = ends[:num_steps].tolist(), ends[1:num_steps + 1].tolist()
+        num_running = self._running_after_each_step(plan, num_steps)
         tokens = self.executor.decode_tokens(plan, num_steps)
+        used = sched.commit_decode_run(plan, ends, tokens)
+        self._record_run(steps, groups, starts, ends, used, num_running, len(sched.waiting))
+        ended = sched.pop_finished()
+        early = [r for r in ended if r.finish_s < ends[-1]]
+        if early:
+            early = finished + early
+            done.extend(early)
+            source.finished(early)
+            finished = []
         yield env.timeout(ends[-1] - env.now)
-        used = self.scheduler.commit_decode_run(plan, ends, tokens)
-        steps.record_decode_run(plan, starts, ends, used, len(self.scheduler.waiting), len(self.scheduler.running))
+        return finished + [r for r in ended if r.finish_s >= ends[-1]]
+
+    def _run_costs(self, plan: StepPlan, num_steps: int, overlap: bool):
+        """The run's batches (Scheduler.decode_run_batches) and each step's duration and host share."""
+        groups = self.scheduler.decode_run_batches(plan, num_steps, overlap)
+        bounds = [first for first, _ in groups[1:]] + [num_steps]
+        durations, hosts = [], []
+        for (first, batch), end in zip(groups, bounds):   # a group's items are at the run's first step
+            durations.append(self.executor.decode_durations_s(batch, end)[first:])
+            if overlap:
+                hosts.append(np.full(end - first, self.executor.decode_host_s(batch)))
+        return (groups, np.concatenate(durations) if len(durations) > 1 else durations[0],
+                np.concatenate(hosts) if overlap else None)
+
+    @staticmethod
+    def _running_after_each_step(plan: StepPlan, num_steps: int) -> list[int]:
+        """Running requests once step j (1-based) of the run resolved: those with more than j
+        tokens left when it was planned (call before the run is committed)."""
+        lefts = np.sort(np.array([it.request.sampling.max_new_tokens - len(it.request.output_ids)
+                                  for it in plan.items], dtype=np.int64))                # [n]
+        after = np.arange(2, num_steps + 2)                                              # [k]
+        return (len(lefts) - np.searchsorted(lefts, after, side="left")).tolist()
+
+    @staticmethod
+    def _record_run(steps: StepLog, groups, starts: list[float], ends: list[float], used: list[int],
+                    num_running: list[int], num_waiting: int) -> None:
+        """Record steps 0 .. len(ends)-1 of a run, each with its own batch (`groups`) and the
+        running count after it (a group's plan is at the run's first step: step j is its step j)."""
+        bounds = [first for first, _ in groups[1:]] + [len(ends)]
+        j, m = 0, len(ends)
+        for (_, batch), end in zip(groups, bounds):
+            end = min(end, m)
+            size = batch.batch_size
+            while j < end:
+                t = j
+                while t < end - 1 and num_running[t] == size:
+                    t += 1                                  # a record call: running == batch but at its last step
+                steps.record_decode_run(batch, starts[j:t + 1], ends[j:t + 1], used[j:t + 1], num_waiting,
+                                        num_running[t], step_offset=j)
+                j = t + 1
+            if j >= m:
+                break
 
     # -- overlap scheduling -------------------------------------------------------------------
     def _engine_overlap(self, env: simpy.Environment, source: ArrivalSource, steps: StepLog,
@@ -208,19 +264,25 @@ class SimDriver:
                 prev_end = last.end_s if last is not None else t
                 num_steps = 1
                 if self.fast_forward and plan.mode is ForwardMode.DECODE and not plan.retracted_rids:
-                    num_steps = sched.decode_run_bound(plan, self.max_run_steps, t) - 1
+                    num_steps = sched.decode_run_bound(plan, self.max_run_steps, t, overlap=True)
                 if num_steps >= 2:
                     next_arrival = source.next_arrival_s()
                     run = self._overlap_run_times(plan, num_steps, t, prev_end, next_arrival)
                 if num_steps >= 2 and run is not None:
-                    starts, ends, resume_s, planned_s = run
+                    groups, starts, ends, resume_s, planned_s = run
+                    k = len(ends)
+                    num_running = self._running_after_each_step(plan, k)
                     yield from finish_last()
-                    tokens = self.executor.decode_tokens(plan, len(ends))
-                    used = sched.commit_decode_run(plan, ends, tokens, schedule_s=planned_s)
+                    tokens = self.executor.decode_tokens(plan, k)
+                    used = sched.commit_decode_run(plan, ends, tokens, schedule_s=planned_s, overlap=True)
                     # a step is recorded when it resolves, after the next step's allocation (as stepping)
-                    steps.record_decode_run(plan, starts[:-1], ends[:-1], used[1:], len(sched.waiting),
-                                            len(sched.running))
-                    last = _InFlight(None, None, starts[-1], ends[-1], plan, len(ends) - 1)   # still running
+                    self._record_run(steps, groups, starts[:-1], ends[:-1], used[:-1], num_running[:-1],
+                                     len(sched.waiting))
+                    batch = [g for g in groups if g[0] <= k - 1][-1][1]
+                    last = _InFlight(None, None, starts[-1], ends[-1], batch, k - 1)   # still running
+                    ended = sched.pop_finished()       # all resolve before the next arrival (run_length)
+                    done.extend(ended)
+                    source.finished(ended)
                     yield env.timeout(resume_s - env.now)
                 else:
                     result = self.executor.execute(plan)
@@ -239,11 +301,12 @@ class SimDriver:
         after the run is planned (the end of the run's second-to-last step). Step j of the run is
         planned at sched[j] (sched[0] = sched_s, sched[1] = prev_end_s, then the end of step j-2) and
         starts at max(end of step j-1, sched[j] + host). The run is cut so that no arrival falls at
-        or before any planning time inside it. Returns (starts, ends, resume time, planning times of
-        steps 1..k-1), or None if fewer than two steps remain."""
-        durations = self.executor.decode_durations_s(plan, num_steps)
-        host = self.executor.decode_host_s(plan)
-        gpu = np.asarray(durations, dtype=np.float64) - host
+        or before any planning time inside it, and where Scheduler.decode_run_length allows (requests
+        may finish inside it: its batch shrinks at known steps). Returns (the run's batches, starts,
+        ends, resume time, planning times of steps 1..k-1), or None if fewer than two steps remain."""
+        groups, durations, hosts = self._run_costs(plan, num_steps, overlap=True)
+        gpu = np.asarray(durations, dtype=np.float64) - hosts
+        hosts = hosts.tolist()
         starts, ends, sched = [], [], [sched_s, prev_end_s]
         end = prev_end_s
         for j in range(num_steps):
@@ -251,10 +314,11 @@ class SimDriver:
                 sched.append(ends[j - 2])
             if next_arrival is not None and j >= 1 and sched[j] >= next_arrival:
                 break                       # step j's planning would see the arrival: stop before it
-            start = max(end, sched[j] + host)
+            start = max(end, sched[j] + hosts[j])
             end = start + gpu[j]
             starts.append(start)
             ends.append(end)
-        if len(ends) < 2:
+        k = self.scheduler.decode_run_length(len(ends), ends, next_arrival, overlap=True)
+        if k < 2:
             return None
-        return starts, ends, ends[-2], sched[1:len(ends)]
+        return groups, starts[:k], ends[:k], ends[k - 2], sched[1:k]

@@ -25,26 +25,45 @@ class DecodeRuns:
     def __init__(self, sched: "Scheduler") -> None:
         self.sched = sched
         self._match_steps: np.ndarray = np.empty(0, dtype=np.int64)
+        self._lefts: np.ndarray = np.empty(0, dtype=np.int64)   # tokens left per plan item (at `bound`)
 
-    def bound(self, plan: StepPlan, max_steps: int, now: float) -> int:
+    def bound(self, plan: StepPlan, max_steps: int, now: float, overlap: bool = False) -> int:
         """How many consecutive decode steps, starting with `plan`, provably make the same
-        decisions as `plan` when nothing arrives: no request can be admitted, none finishes
-        before the last of them, none can hit a stop token, and the KV pool has enough free
-        slots (no eviction, no retraction). Always >= 1."""
+        decisions as `plan` when nothing arrives: no request can be admitted, none can hit a stop
+        token, and the KV pool has enough free slots (no eviction, no retraction). Requests may
+        finish inside the run only when nothing waits (nothing to admit when they leave) and
+        pages hold one token; otherwise the run ends at the first finish. `overlap`: the run as
+        the overlap scheduler steps it (it ends before the step after which stepping would notice
+        a finish; `run_length` cuts it further). Always >= 1."""
         sched = self.sched
         self._match_steps = np.empty(0, dtype=np.int64)
+        self._lefts = np.empty(0, dtype=np.int64)
         if plan.mode is not ForwardMode.DECODE or max_steps <= 1 or sched.chunked is not None:
             return 1
         if sched._abort_rids or sched.config.enable_mixed_chunk:
             return 1
-        k = max_steps
+        lefts = []
         for req in sched.running:
             sampling = req.sampling
             if sampling.stop_token_ids and not sampling.ignore_eos:
                 return 1
-            left = sampling.max_new_tokens - len(req.output_ids)
-            if left < k:
-                k = left
+            lefts.append(sampling.max_new_tokens - len(req.output_ids))
+        span = not sched.waiting and sched.kv.page_size == 1
+        # overlap: one step more can be coalesced past the last finish (its request rides along,
+        # dropped); the run then gives one step back (the step after it is planned before its end)
+        k = min(max_steps, max(lefts) + 2 if overlap else max(lefts)) if span else min(max_steps, min(lefts))
+        k = self._bound_without_finishes(k, now)
+        if overlap:
+            k -= 1
+        if k <= 1:
+            return 1
+        self._lefts = np.array([it.request.sampling.max_new_tokens - len(it.request.output_ids)
+                                for it in plan.items], dtype=np.int64)                  # [n]
+        return k
+
+    def _bound_without_finishes(self, k: int, now: float) -> int:
+        """`k` cut by the waiting queue (admission) and the free KV slots."""
+        sched = self.sched
         if k <= 1:
             return 1
         free_pages = sched.kv.allocator.num_free_slots // sched.kv.page_size
@@ -71,6 +90,43 @@ class DecodeRuns:
             else:
                 hi = mid - 1
         return lo
+
+    def run_length(self, num_steps: int, end_s: list[float] | np.ndarray, next_arrival_s: float | None,
+                   overlap: bool) -> int:
+        """The longest run <= `num_steps` (after `bound`) that stepping would also make, given the
+        run's step ends. Overlap: a request whose last token comes in the run's last step would
+        still be in the next step's batch (stepping notices it one step later), so no run ends
+        there; and every finish inside resolves before the next arrival (so an arrival sees the
+        same finished requests). Without overlap every run `bound` allows is exact."""
+        if not overlap or self._lefts.size == 0:
+            return num_steps
+        k = num_steps
+        finish_steps = {int(f) for f in self._lefts if f >= 1}     # step whose resolve ends request i
+        if next_arrival_s is not None:
+            late = [f for f in finish_steps if f < k and end_s[f - 1] >= next_arrival_s]
+            if late:
+                k = min(late)
+        while k in finish_steps:
+            k -= 1
+        return k
+
+    def batches(self, plan: StepPlan, num_steps: int, overlap: bool) -> list[tuple[int, StepPlan]]:
+        """The run's steps grouped by batch: (first step, 0-based; a plan of `plan`'s items that
+        are still in the batch then). Request i with L_i tokens left decodes in steps 1..L_i and
+        (overlap) rides along in step L_i + 1, its token dropped, as stepping does. The groups'
+        plans keep `plan`'s step id and items (positions as of the run's first step): step j of
+        the run is step j of any of them. The first group's plan is `plan` itself."""
+        lefts = self._lefts if self._lefts.size else np.array(
+            [it.request.sampling.max_new_tokens - len(it.request.output_ids) for it in plan.items], dtype=np.int64)
+        last_step = lefts + (1 if overlap else 0)           # [n] last step (1-based) with request i in it
+        cuts = sorted({int(s) for s in last_step if 1 <= s < num_steps})
+        groups: list[tuple[int, StepPlan]] = [(0, plan)]
+        items, lasts = plan.items, last_step.tolist()
+        for s in cuts:                                      # the batch of steps s+1.. (0-based s)
+            kept = [i for i, last in enumerate(lasts) if last > s]
+            items, lasts = [items[i] for i in kept], [lasts[i] for i in kept]
+            groups.append((s, StepPlan(plan.step_id, ForwardMode.DECODE, items)))
+        return groups
 
     def _admission_budget(self, max_steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The PrefillBudget of each later step j = 1 .. max_steps-1 of a decode run when nothing
@@ -120,12 +176,16 @@ class DecodeRuns:
         return sum(sched.kv.allocator.num_pages_needed(r.num_kv_slots, num_steps - 1) for r in sched.running)
 
     def commit(self, plan: StepPlan, end_s: list[float], tokens: list[list[int]],
-               schedule_s: list[float] | None = None) -> list[int]:
-        """Apply k = len(end_s) decode steps of `plan`'s batch at once (k <= bound).
-        `tokens[i]` are the k tokens of plan.items[i]. `schedule_s[j-1]`: when step j's schedule()
-        would have run (j = 1 .. k-1; default end_s[j-1], stepping without overlap): the last of
-        them that tried admission touched the prefixes its matches walked, and this replays it.
-        Returns KV slots in use after each step."""
+               schedule_s: list[float] | None = None, overlap: bool = False) -> list[int]:
+        """Apply k = len(end_s) decode steps of `plan`'s batch at once (k <= bound, cut by
+        `run_length`). `tokens[i]`: the tokens plan.items[i] samples in the run (fewer than k for a
+        request that finishes in it). `schedule_s[j-1]`: when step j's schedule() would have run
+        (j = 1 .. k-1; default end_s[j-1], stepping without overlap): the last of them that tried
+        admission touched the prefixes its matches walked, and this replays it.
+        Requests finishing inside the run end at their own step's end, their KV released between
+        the allocations of the steps around it in stepping's order (overlap: after the next step's
+        allocation). Returns the KV slots in use when stepping records each step: after the step
+        (overlap: after it resolved and the next step was allocated; the last entry: after the run)."""
         sched = self.sched
         k = len(end_s)
         tried = self._match_steps[self._match_steps < k]
@@ -133,17 +193,73 @@ class DecodeRuns:
         if tried.size:                               # before any finish changes the tree
             times = end_s[:-1] if schedule_s is None else schedule_s
             self._replay_admission_matches(times[int(tried[-1]) - 1])
+        if sched.kv.page_size != 1:
+            return self._commit_paged(plan, end_s, tokens)
+        kv, clip = sched.kv, sched.config.clip_max_new_tokens
+        shift = 1 if overlap else 0                  # overlap: a step is recorded after the next one's allocation
+        members = []                                 # (request, tokens left, its tokens), in plan order
+        for item, toks in zip(plan.items, tokens):
+            req = item.request
+            if not req.is_finished:                  # overlap: one that the step before the run ended
+                members.append((req, req.sampling.max_new_tokens - len(req.output_ids), toks))
+        finish_steps = sorted({left for _, left, _ in members if left <= k})
+        if not finish_steps or finish_steps[-1] != k:
+            finish_steps.append(k)
+        used: list[int] = []
+        allocated = 1                                # steps whose slots are allocated (the plan's own)
+        base_used, base_allocated = kv.used_tokens(), 1
+        for f in finish_steps:
+            n = len(members)
+            target = min(f + shift, k)
+            if target > allocated:                   # one allocator call for the steps up to this finish
+                kv.allocate_many([m[0] for m in members], target - allocated, end_s[0])
+                allocated = target
+            for s in range(len(used) + 1, f):
+                used.append(base_used + n * (min(s + shift, k) - base_allocated))
+            kept = []
+            for member in members:
+                if member[1] == f:
+                    self._apply_tokens(member, f, end_s, clip)
+                    req = member[0]
+                    sched._end(req, req.finishes_with(req.output_ids[-1]), end_s[f - 1])
+                else:
+                    kept.append(member)
+            members = kept
+            used.append(kv.used_tokens())
+            base_used, base_allocated = used[-1], allocated
+        for member in members:
+            self._apply_tokens(member, k, end_s, clip)
+        sched._keep_running(lambda r: not r.is_finished)
+        for _ in range(k - 1):                       # sequentially, to round exactly as stepping does
+            sched.new_token_ratio = max(sched.new_token_ratio - sched.config.new_token_ratio_decay,
+                                        sched.config.min_new_token_ratio)
+        sched.step_id += k
+        return used
+
+    def _apply_tokens(self, member: tuple[Request, int, list[int]], num_tokens: int,
+                      end_s: list[float], clip: int) -> None:
+        """A request's first `num_tokens` tokens of the run, stamped with their steps' ends."""
+        req, left, toks = member
+        self.sched.reserved_running_tokens -= min(left, clip) - min(left - num_tokens, clip)
+        req.num_computed_tokens += num_tokens
+        req.output_ids.extend(toks[:num_tokens])
+        req.token_times_s.extend(end_s[:num_tokens])
+        if req.first_token_s is None:
+            req.first_token_s = end_s[0]
+
+    def _commit_paged(self, plan: StepPlan, end_s: list[float], tokens: list[list[int]]) -> list[int]:
+        """`commit` with pages of several tokens (runs end at the first finish)."""
+        sched = self.sched
+        k = len(end_s)
         used_after_first = sched.kv.used_tokens()
         page = sched.kv.page_size
         new_slots_per_step = [0] * k
-        if k > 1 and page == 1:                      # one allocator call for the whole run
-            sched.kv.allocate_many([it.request for it in plan.items], k - 1, end_s[0])
         clip = sched.config.clip_max_new_tokens
         for item, toks in zip(plan.items, tokens):
             req = item.request
             left = req.sampling.max_new_tokens - len(req.output_ids)
             sched.reserved_running_tokens -= min(left, clip) - min(left - k, clip)
-            if k > 1 and page > 1:
+            if k > 1:
                 pos0 = req.num_kv_slots               # position of step 2's token
                 for j in range(1, k):
                     if (pos0 + j - 1) % page == 0:
@@ -157,14 +273,10 @@ class DecodeRuns:
             reason = req.finishes_with(toks[-1])
             if reason is not None:
                 sched._end(req, reason, end_s[-1])
-        if page == 1:
-            n = len(plan.items)
-            used = [used_after_first + n * j for j in range(k)]
-        else:
-            used, total = [], used_after_first
-            for j in range(k):
-                total += new_slots_per_step[j]
-                used.append(total)
+        used, total = [], used_after_first
+        for j in range(k):
+            total += new_slots_per_step[j]
+            used.append(total)
         used[-1] = sched.kv.used_tokens()            # after the last step's finishes released KV
         sched._keep_running(lambda r: not r.is_finished)
         for _ in range(k - 1):                       # sequentially, to round exactly as stepping does

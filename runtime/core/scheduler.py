@@ -359,16 +359,24 @@ class Scheduler:
             self._keep_running(lambda r: not r.is_finished)
 
     # -- decode runs (the simulator's fast-forward) ----------------------------------------------
-    def decode_run_bound(self, plan: StepPlan, max_steps: int, now: float) -> int:
+    def decode_run_bound(self, plan: StepPlan, max_steps: int, now: float, overlap: bool = False) -> int:
         """How many consecutive decode steps, starting with `plan`, provably make the same
         decisions as `plan` when nothing arrives (DecodeRuns.bound). Always >= 1."""
-        return self._decode_runs.bound(plan, max_steps, now)
+        return self._decode_runs.bound(plan, max_steps, now, overlap)
+
+    def decode_run_length(self, num_steps: int, end_s, next_arrival_s: float | None, overlap: bool) -> int:
+        """The longest run <= `num_steps` that stepping would also make (DecodeRuns.run_length)."""
+        return self._decode_runs.run_length(num_steps, end_s, next_arrival_s, overlap)
+
+    def decode_run_batches(self, plan: StepPlan, num_steps: int, overlap: bool) -> list[tuple[int, StepPlan]]:
+        """The run's steps grouped by batch as requests finish inside it (DecodeRuns.batches)."""
+        return self._decode_runs.batches(plan, num_steps, overlap)
 
     def commit_decode_run(self, plan: StepPlan, end_s: list[float], tokens: list[list[int]],
-                          schedule_s: list[float] | None = None) -> list[int]:
+                          schedule_s: list[float] | None = None, overlap: bool = False) -> list[int]:
         """Apply k = len(end_s) decode steps of `plan` at once (DecodeRuns.commit); returns KV
-        slots in use after each step."""
-        return self._decode_runs.commit(plan, end_s, tokens, schedule_s)
+        slots in use when stepping records each step."""
+        return self._decode_runs.commit(plan, end_s, tokens, schedule_s, overlap)
 
     # -- helpers ------------------------------------------------------------------------------
     def _reservation(self, req: Request) -> int:

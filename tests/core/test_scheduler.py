@@ -203,3 +203,62 @@ def test_a_chunked_prefill_counts_one_lfu_hit_not_one_per_chunk():
         sched.commit(plan, fake_tokens(plan), now)
         hits.append(sched.kv.cache.match_prefix(tokens[:100]).node.hit_count)
     assert hits[:3] == [0, 0, 1] and hits[-1] == 2     # two unfinished chunks, the last, the finish
+
+
+def _draining_scheduler():
+    """Three requests with a shared prefix, admitted together, then decoding with 3, 5 and 9
+    tokens left: nothing waits, so a decode run may span the first two finishes."""
+    sched = make_scheduler(capacity=2000, chunked_prefill_size=0)
+    prefix = list(range(50))
+    for rid, out in (("a", 4), ("b", 6), ("c", 10)):
+        sched.add(Request.from_spec(spec(rid, prefix + [100 + ord(rid)] * 20, out)), 0.0)
+    from tests.core.harness import fake_tokens
+    plan = sched.schedule(0.0)
+    sched.commit(plan, fake_tokens(plan), 0.01)
+    return sched
+
+
+def test_a_decode_run_spans_finishes_exactly_as_stepping():
+    """With nothing waiting, a finish only shrinks the batch (its KV goes to the radix cache at its
+    own step's end), so one run covers all nine steps; every request, the KV pool, the cache and
+    the reservation end as stepping leaves them."""
+    from tests.core.harness import fake_tokens
+    stepped, ff = _draining_scheduler(), _draining_scheduler()
+    plan = ff.schedule(0.01)
+    k = ff.decode_run_bound(plan, 64, 0.01)
+    assert k == 9                                  # the longest request's tokens, past two finishes
+    ends = [0.01 + 0.01 * (j + 1) for j in range(k)]
+    tokens = [[(len(it.request.output_ids) + j) * 7 % 500 + 1 for j in range(k)] for it in plan.items]
+    tokens = [t[:it.request.max_new_tokens_left] for t, it in zip(tokens, plan.items)]
+    used_ff = ff.commit_decode_run(plan, ends, tokens)
+    used_stepped, now = [], 0.01
+    while stepped.running:
+        plan = stepped.schedule(now)
+        now += 0.01
+        stepped.commit(plan, fake_tokens(plan), now)
+        used_stepped.append(stepped.kv.used_tokens())
+    assert used_ff == used_stepped
+    done = {r.rid: r for r in stepped.pop_finished()}
+    ended = ff.pop_finished()
+    assert [r.rid for r in ended] == ["a", "b", "c"]
+    for req in ended:
+        twin = done[req.rid]
+        assert req.output_ids == twin.output_ids and req.finish_s == pytest.approx(twin.finish_s)
+        assert req.token_times_s == pytest.approx(twin.token_times_s)
+    assert [r.finish_s for r in ended] == pytest.approx([0.04, 0.06, 0.1])
+    for s in (stepped, ff):
+        check_invariants(s)
+    assert ff.step_id == stepped.step_id and ff.new_token_ratio == stepped.new_token_ratio
+    assert ff.kv.cache.evictable_size() == stepped.kv.cache.evictable_size()
+    assert ff.kv.allocator.num_free_slots == stepped.kv.allocator.num_free_slots
+
+
+def test_a_decode_run_ends_at_the_first_finish_while_requests_wait():
+    """A waiting request blocked on memory may fit once a running one leaves (its KV becomes
+    evictable, its reservation goes): the run stops at the first finish."""
+    sched = _draining_scheduler()
+    sched.add(Request.from_spec(spec("w", list(range(500, 2400)), 5)), 0.01)
+    plan = sched.schedule(0.01)
+    assert plan.mode is ForwardMode.DECODE and [r.rid for r in sched.waiting] == ["w"]
+    assert sched.decode_run_bound(plan, 64, 0.01) == 3
+    assert sched.decode_run_bound(plan, 64, 0.01, overlap=True) == 2

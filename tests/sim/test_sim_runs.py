@@ -100,6 +100,36 @@ def test_fast_forward_is_exact(tmp_path, capacity, policy, max_running, overlap)
     pd.testing.assert_frame_equal(req_on.drop(columns=["token_times_s"]), req_off.drop(columns=["token_times_s"]), rtol=1e-9)
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("rate", ["inf", "40"])
+def test_fast_forward_spans_finishes_exactly(tmp_path, monkeypatch, overlap, rate):
+    """Requests of different lengths draining with nothing waiting: decode runs continue past
+    finishes (several in one run), and the records are still those of stepping one by one."""
+    from runtime.core.scheduler import Scheduler
+    commit = Scheduler.commit_decode_run
+    finishes_inside: list[int] = []
+
+    def counting_commit(self, plan, end_s, tokens, schedule_s=None, overlap=False):
+        before = len(self._finished)
+        used = commit(self, plan, end_s, tokens, schedule_s, overlap)
+        finishes_inside.append(sum(r.finish_s < end_s[-1] for r in self._finished[before:]))
+        return used
+
+    monkeypatch.setattr(Scheduler, "commit_decode_run", counting_commit)
+    overrides = ["workload=random", "workload.num_requests=40", f"workload.request_rate={rate}",
+                 "workload.input_len=256", "workload.output_len=96", "workload.range_ratio=0.1",
+                 f"overlap={overlap}"]
+    on, dir_on = simulate(tmp_path, "on", overrides + ["sim.fast_forward=true"])
+    assert max(finishes_inside) >= 3 and sum(finishes_inside) >= 20
+    off, dir_off = simulate(tmp_path, "off", overrides + ["sim.fast_forward=false"])
+    steps_on, steps_off = pd.read_parquet(dir_on / "steps.parquet"), pd.read_parquet(dir_off / "steps.parquet")
+    req_on, req_off = pd.read_parquet(dir_on / "requests.parquet"), pd.read_parquet(dir_off / "requests.parquet")
+    pd.testing.assert_frame_equal(steps_on.drop(columns=["start_s", "end_s"]), steps_off.drop(columns=["start_s", "end_s"]))
+    pd.testing.assert_series_equal(steps_on["end_s"], steps_off["end_s"], rtol=1e-9)
+    pd.testing.assert_frame_equal(req_on.drop(columns=["token_times_s"]), req_off.drop(columns=["token_times_s"]), rtol=1e-9)
+    assert _without_wall(on).keys() == _without_wall(off).keys() and on["num_steps"] == off["num_steps"]
+
+
 def test_overlap_hides_host_time_and_notices_finishes_one_step_later(tmp_path):
     """Overlap: each step costs max(GPU, host) rather than their sum, and a request that ends in
     step n still rides in step n+1 (SGLang's overlap scheduler), so batches are never smaller."""
