@@ -306,10 +306,43 @@ class SimDriver:
         ends, resume time, planning times of steps 1..k-1), or None if fewer than two steps remain."""
         groups, durations, hosts = self._run_costs(plan, num_steps, overlap=True)
         gpu = np.asarray(durations, dtype=np.float64) - hosts
-        hosts = hosts.tolist()
+        times = self._gpu_bound_run_times(gpu, hosts, sched_s, prev_end_s, next_arrival)
+        if times is not None:
+            starts, ends, sched = times
+        else:
+            starts, ends, sched = self._run_times_stepwise(gpu, hosts.tolist(), sched_s, prev_end_s, next_arrival)
+        k = self.scheduler.decode_run_length(len(ends), ends, next_arrival, overlap=True)
+        if k < 2:
+            return None
+        return groups, starts[:k], ends[:k], ends[k - 2], sched[1:k]
+
+    @staticmethod
+    def _gpu_bound_run_times(gpu: np.ndarray, hosts: np.ndarray, sched_s: float, prev_end_s: float,
+                             next_arrival: float | None):
+        """`_run_times_stepwise` at once when every step after the first starts when the one before
+        it ends (its host work, started at the end of the step before that, is done by then); the
+        ends are sequential sums, as stepping adds them. None where a step would wait on the host."""
+        start0 = max(prev_end_s, sched_s + float(hosts[0]))
+        ends = np.cumsum(np.concatenate(([start0], gpu)))[1:]                     # [k]
+        planned = np.concatenate(([prev_end_s], ends[:-1]))                         # [k] planning of steps 1..k
+        if not (ends[:-1] >= planned[:-1] + hosts[1:]).all():                       # step j's start: max(end, planned + host)
+            return None
+        num = len(ends)
+        if next_arrival is not None:            # step j (>= 1) whose planning would see the arrival: stop before it
+            seen = np.flatnonzero(planned[:-1] >= next_arrival)
+            if seen.size:
+                num = int(seen[0]) + 1
+        ends = ends[:num].tolist()
+        starts = [start0] + ends[:-1]
+        return starts, ends, [sched_s, prev_end_s] + ends[:max(num - 2, 0)]
+
+    @staticmethod
+    def _run_times_stepwise(gpu: np.ndarray, hosts: list[float], sched_s: float, prev_end_s: float,
+                            next_arrival: float | None):
+        """Start, end and planning time of each step of an overlap run, one step at a time."""
         starts, ends, sched = [], [], [sched_s, prev_end_s]
         end = prev_end_s
-        for j in range(num_steps):
+        for j in range(len(hosts)):
             if j >= 2:
                 sched.append(ends[j - 2])
             if next_arrival is not None and j >= 1 and sched[j] >= next_arrival:
@@ -318,7 +351,4 @@ class SimDriver:
             end = start + gpu[j]
             starts.append(start)
             ends.append(end)
-        k = self.scheduler.decode_run_length(len(ends), ends, next_arrival, overlap=True)
-        if k < 2:
-            return None
-        return groups, starts[:k], ends[:k], ends[k - 2], sched[1:k]
+        return starts, ends, sched
