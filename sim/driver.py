@@ -163,8 +163,9 @@ class SimDriver:
         before it is slept through (each step but the last ends before the next arrival, so any
         arrival sees them as stepping would); returns the rest of `finished` and the last step's."""
         sched = self.scheduler
-        groups, durations, _ = self._run_costs(plan, num_steps, overlap=False)
+        groups, durations, _ = self._run_costs(plan, num_steps, False, env.now, next_arrival)
         ends = np.cumsum(np.concatenate(([env.now], durations)))     # sequential sums, like stepping
+        num_steps = len(durations)
         if next_arrival is not None:          # stop after the first step that ends at/after it
             num_steps = min(num_steps, int(np.searchsorted(ends[1:], next_arrival, side="left")) + 1)
         starts, ends = ends[:num_steps].tolist(), ends[1:num_steps + 1].tolist()
@@ -182,17 +183,31 @@ class SimDriver:
         yield env.timeout(ends[-1] - env.now)
         return finished + [r for r in ended if r.finish_s >= ends[-1]]
 
-    def _run_costs(self, plan: StepPlan, num_steps: int, overlap: bool):
-        """The run's batches (Scheduler.decode_run_batches) and each step's duration and host share."""
+    def _run_costs(self, plan: StepPlan, num_steps: int, overlap: bool, start_s: float,
+                   next_arrival: float | None):
+        """The run's batches (Scheduler.decode_run_batches) and each step's duration and host share,
+        for its first `num_steps` steps or fewer: priced up to three steps past the one whose end
+        (at least `start_s` plus the GPU time so far) reaches the next arrival, where runs are cut."""
         groups = self.scheduler.decode_run_batches(plan, num_steps, overlap)
         bounds = [first for first, _ in groups[1:]] + [num_steps]
         durations, hosts = [], []
+        needed, until = num_steps, start_s
         for (first, batch), end in zip(groups, bounds):   # a group's items are at the run's first step
-            durations.append(self.executor.decode_durations_s(batch, end)[first:])
+            if first >= needed:
+                break
+            step_s = self.executor.decode_durations_s(batch, end)[first:]
+            durations.append(step_s)
             if overlap:
                 hosts.append(np.full(end - first, self.executor.decode_host_s(batch)))
-        return (groups, np.concatenate(durations) if len(durations) > 1 else durations[0],
-                np.concatenate(hosts) if overlap else None)
+                step_s = step_s - hosts[-1]
+            if next_arrival is not None and needed == num_steps:
+                reach = np.cumsum(np.concatenate(([until], step_s)))[1:]   # a lower bound on the ends
+                hit = np.flatnonzero(reach >= next_arrival)
+                if hit.size:
+                    needed = min(num_steps, first + int(hit[0]) + 3)
+                until = float(reach[-1])
+        durations = (np.concatenate(durations) if len(durations) > 1 else durations[0])[:needed]
+        return groups, durations, (np.concatenate(hosts)[:needed] if overlap else None)
 
     @staticmethod
     def _running_after_each_step(plan: StepPlan, num_steps: int) -> list[int]:
@@ -304,7 +319,7 @@ class SimDriver:
         or before any planning time inside it, and where Scheduler.decode_run_length allows (requests
         may finish inside it: its batch shrinks at known steps). Returns (the run's batches, starts,
         ends, resume time, planning times of steps 1..k-1), or None if fewer than two steps remain."""
-        groups, durations, hosts = self._run_costs(plan, num_steps, overlap=True)
+        groups, durations, hosts = self._run_costs(plan, num_steps, True, prev_end_s, next_arrival)
         gpu = np.asarray(durations, dtype=np.float64) - hosts
         times = self._gpu_bound_run_times(gpu, hosts, sched_s, prev_end_s, next_arrival)
         if times is not None:
