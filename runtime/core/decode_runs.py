@@ -229,12 +229,18 @@ class DecodeRuns:
             base_used, base_allocated = used[-1], allocated
         for member in members:
             self._apply_tokens(member, k, end_s, clip)
+        self._close_run(k)
+        return used
+
+    def _close_run(self, num_steps: int) -> None:
+        """What stepping leaves after `num_steps` decode steps besides tokens and KV: finished requests out
+        of the running batch, new_token_ratio decayed once per step after the first, step ids advanced."""
+        sched = self.sched
         sched._keep_running(lambda r: not r.is_finished)
-        for _ in range(k - 1):                       # sequentially, to round exactly as stepping does
+        for _ in range(num_steps - 1):               # sequentially, to round exactly as stepping does
             sched.new_token_ratio = max(sched.new_token_ratio - sched.config.new_token_ratio_decay,
                                         sched.config.min_new_token_ratio)
-        sched.step_id += k
-        return used
+        sched.step_id += num_steps
 
     def _apply_tokens(self, member: tuple[Request, int, list[int]], num_tokens: int,
                       end_s: list[float], clip: int) -> None:
@@ -278,9 +284,5 @@ class DecodeRuns:
             total += new_slots_per_step[j]
             used.append(total)
         used[-1] = sched.kv.used_tokens()            # after the last step's finishes released KV
-        sched._keep_running(lambda r: not r.is_finished)
-        for _ in range(k - 1):                       # sequentially, to round exactly as stepping does
-            sched.new_token_ratio = max(sched.new_token_ratio - sched.config.new_token_ratio_decay,
-                                        sched.config.min_new_token_ratio)
-        sched.step_id += k
+        self._close_run(k)
         return used
