@@ -20,6 +20,7 @@ import argparse
 import csv
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -72,9 +73,13 @@ def sync(runner: ModelRunner) -> None:
         torch.cuda.synchronize(runner.device)
 
 
-def time_ms(fn, repeats: int, warmup: int = 2) -> list[float]:
+def time_ms(fn, repeats: int, warmup: int = 2, settle: Callable[[], None] | None = None) -> list[float]:
+    """Host ms of each of `repeats` calls of fn after `warmup` untimed ones (then `settle`, e.g. a device
+    sync and a barrier across ranks)."""
     for _ in range(warmup):
         fn()
+    if settle is not None:
+        settle()
     samples = []
     for _ in range(repeats):
         start = time.perf_counter()

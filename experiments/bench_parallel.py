@@ -42,6 +42,7 @@ def layout_rank(info, groups, args: dict) -> dict:
     import torch.distributed as dist
     from hydra.utils import instantiate
 
+    from experiments.bench_decode_step import time_ms
     from experiments.bench_real_decode import decode_plan
     from experiments.compose import compose_config
     from runtime.core.cache.allocator import KVSlotAllocator
@@ -72,17 +73,11 @@ def layout_rank(info, groups, args: dict) -> dict:
             dist.barrier(group=groups.cpu_group)
 
     def timed(fn, repeats: int, together: bool = True) -> list[float]:
-        for _ in range(3):
-            fn()
-        sync()
-        if together:
-            barrier()
-        samples = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            fn()
-            samples.append((time.perf_counter() - start) * 1e3)
-        return samples
+        def settle() -> None:
+            sync()
+            if together:
+                barrier()
+        return time_ms(fn, repeats, warmup=3, settle=settle)
 
     tokens = greedy_tokens(runner, spec.vocab_size, args) if args.get("tokens") else None
     rows = []
