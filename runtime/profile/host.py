@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Iterator
 
 from omegaconf import DictConfig
 
@@ -33,6 +34,17 @@ def _timed_step(scheduler, runner, now: float) -> tuple[object, dict] | None:
     return plan, {"schedule_s": t1 - t0, "launch_s": t2 - t1, "commit_s": t4 - t3}
 
 
+def _timed_steps(scheduler, runner, now: float) -> Iterator[tuple[float, object, dict]]:
+    """(clock, plan, host times) of each step until the scheduler has no work or plans nothing; the
+    clock advances 1 ms a step from `now`."""
+    while scheduler.has_work():
+        now += 1e-3
+        step = _timed_step(scheduler, runner, now)
+        if step is None:
+            return
+        yield (now, *step)
+
+
 def _row(kind: str, num_reqs: int, new_tokens: int, samples: list[dict]) -> dict:
     row = {"kind": kind, "num_reqs": num_reqs, "new_tokens": new_tokens}
     for key in ("schedule_s", "launch_s", "commit_s"):
@@ -49,13 +61,8 @@ def host_decode_row(cfg: DictConfig, core: CoreComponents, runner, batch: int, s
     for b in range(batch):
         scheduler.add(Request(f"hd{batch}-{b}", _prompt(b, 32, vocab),
                               SamplingParams(max_new_tokens=steps + 4, ignore_eos=True), 0.0), 0.0)
-    now, samples = 0.0, []
-    while scheduler.has_work():
-        now += 1e-3
-        step = _timed_step(scheduler, runner, now)
-        if step is None:
-            break
-        plan, sample = step
+    samples = []
+    for _, plan, sample in _timed_steps(scheduler, runner, 0.0):
         if plan.num_decode_requests == batch and len(samples) < steps:
             samples.append(sample)
     return _row("decode", batch, batch, samples)
@@ -70,12 +77,7 @@ def host_prefill_row(cfg: DictConfig, core: CoreComponents, runner, num_reqs: in
         for b in range(num_reqs):
             scheduler.add(Request(f"hp{num_reqs}x{tokens_each}-{rep}-{b}", _prompt(rep * 1009 + b, tokens_each, vocab),
                                   SamplingParams(max_new_tokens=1, ignore_eos=True), now), now)
-        while scheduler.has_work():
-            now += 1e-3
-            step = _timed_step(scheduler, runner, now)
-            if step is None:
-                break
-            plan, sample = step
+        for now, plan, sample in _timed_steps(scheduler, runner, now):
             if rep and plan.num_prefill_tokens == num_reqs * tokens_each:
                 samples.append(sample)
         scheduler.pop_finished()
