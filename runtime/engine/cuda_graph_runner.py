@@ -21,11 +21,6 @@ from runtime.engine.forward_batch import ForwardBatch
 from runtime.engine.kv_pool import MLAKVPool
 
 
-def padded_batch_size(batch_size: int, sizes: list[int]) -> int | None:
-    """The smallest captured size >= batch_size (sizes sorted ascending); None if it exceeds them all."""
-    return padded_size(batch_size, sizes)
-
-
 def padded_kv_indptr(seq_lens: list[int], padded_bs: int) -> list[int]:
     """[P + 1] CSR offsets: the real sequences' lengths, then one KV token per padding row."""
     if padded_bs < len(seq_lens):
@@ -158,7 +153,7 @@ class CudaGraphRunner:
         """The captured size this batch replays with, or None (not all decode, too large, too much KV)."""
         if not fb.all_decode:
             return None
-        bs = padded_batch_size(fb.batch_size, self.batch_sizes)
+        bs = padded_size(fb.batch_size, self.batch_sizes)
         if bs is None or not self.inputs.fits(fb, bs):
             return None
         return bs

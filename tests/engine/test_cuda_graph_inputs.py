@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from runtime.core.graph_grids import padded_size
 from runtime.engine.cuda_graph_runner import (
-    DecodeGraphInputs, capture_batch_sizes, padded_batch_size, padded_kv_indptr,
+    DecodeGraphInputs, capture_batch_sizes, padded_kv_indptr,
 )
 from runtime.engine.forward_batch import ForwardBatch
 
@@ -25,7 +26,7 @@ def test_capture_sizes_grid() -> None:
 @pytest.mark.parametrize("batch, bucket", [(1, 1), (3, 4), (5, 8), (9, 12), (13, 16), (17, 24), (24, 24),
                                            (250, 256), (256, 256), (257, None)])
 def test_padded_batch_size(batch: int, bucket: int | None) -> None:
-    assert padded_batch_size(batch, capture_batch_sizes(256)) == bucket
+    assert padded_size(batch, capture_batch_sizes(256)) == bucket
 
 
 def test_padded_kv_indptr() -> None:
