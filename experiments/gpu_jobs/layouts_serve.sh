@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
-# One device call on 2 GPUs: `python run.py mode=real` served with tp=2 and with dp=2 against dp=1 on the same
+# One device call on 2 GPUs: `python run.py mode=real` served with tp=2, tp=2 ep=2 and dp=2 against dp=1 on the same
 # fixed offline workload (summaries copied to OUT/<layout>.json; the table printed at the end).
-#   bash experiments/gpu_jobs/layouts_serve.sh OUT
+#   bash experiments/gpu_jobs/layouts_serve.sh OUT          (LAYOUTS='dp=1;tp=2' picks some)
+# A fresh machine JIT-compiles FlashInfer's prefill for the tp=2 head split first (~1.5 min).
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl 2>/dev/null || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 OUT=${1:-${OUT:-/tmp/out}}
 mkdir -p "$OUT"
 W="workload=random workload.range_ratio=1.0 real.as_fast_as_possible=true workload.num_requests=400 workload.input_len=1000 workload.output_len=100"
-for layout in "dp=1" "dp=2" "tp=2"; do
-  name=${layout/=/}
+IFS=';' read -ra LAYOUT_LIST <<< "${LAYOUTS:-dp=1;dp=2;tp=2;tp=2 ep=2}"
+for layout in "${LAYOUT_LIST[@]}"; do
+  name=${layout//=/}; name=${name// /_}
   start=$(date +%s)
-  timeout ${LAYOUT_TIMEOUT_S:-150} python run.py mode=real $layout $W progress=false real.cuda_graph_max_bs=256 \
+  timeout ${LAYOUT_TIMEOUT_S:-300} python run.py mode=real $layout $W progress=false real.cuda_graph_max_bs=256 \
     hydra.run.dir=/tmp/layouts/$name 2>&1 | grep -v Warning | tail -4
   cp /tmp/layouts/$name/summary.json "$OUT/$name.json" 2>/dev/null
+  mkdir -p "$OUT/$name" && cp /tmp/layouts/$name/*.parquet "$OUT/$name/" 2>/dev/null
   echo "$layout: $(( $(date +%s) - start )) s"
 done
 python - "$OUT" <<'PY'

@@ -6,6 +6,7 @@ device group. Global rank = replica * tp + tp_rank; the TP leader (tp_rank 0) ru
 from __future__ import annotations
 
 import datetime
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -93,6 +94,14 @@ def init_rank_groups(info: RankInfo) -> RankGroups:
     return mine
 
 
-def destroy() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
+def destroy(timeout_s: float) -> bool:
+    """Destroy this process's groups after the device's work is done; False when that did not end within
+    timeout_s (NCCL's teardown is collective and can block for good: the caller then exits without it)."""
+    if not dist.is_initialized():
+        return True
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    worker = threading.Thread(target=dist.destroy_process_group, name="destroy-groups", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    return not worker.is_alive()

@@ -6,13 +6,14 @@ models and use collectives; tensors come back as numpy arrays.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import queue
 import traceback
 from typing import Any, Callable
 
 from runtime.distributed.groups import RankInfo, destroy, init_rank_groups
 from runtime.distributed.launch import free_port
-from runtime.distributed.worker import die_with_parent
+from runtime.distributed.worker import TEARDOWN_S, die_with_parent
 
 
 def _plain(value: Any) -> Any:
@@ -39,8 +40,10 @@ def _target(fn: Callable, info: RankInfo, args: tuple, out, cpu_threads: int) ->
         out.put((info.rank, "ok", _plain(fn(info, groups, *args))))
     except BaseException as err:   # noqa: BLE001 -- reported to the caller
         out.put((info.rank, "error", f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
-    finally:
-        destroy()
+    out.close()
+    out.join_thread()             # the result is on its way before the teardown, which can block
+    if not destroy(TEARDOWN_S):
+        os._exit(0)
 
 
 def run_on_ranks(fn: Callable, world: int, *args: Any, tp: int | None = None, ep: int = 1, device: str = "cpu",

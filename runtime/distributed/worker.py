@@ -19,6 +19,7 @@ from typing import Any
 from runtime.distributed.groups import RankInfo
 
 USER_ERRORS = (ValueError, FileNotFoundError)
+TEARDOWN_S = 20.0          # how long a finished rank waits for its process groups to be destroyed
 
 
 @dataclass
@@ -45,18 +46,27 @@ class LeaderResult:
 
 def rank_main(task: RankTask) -> None:
     """Spawn target. Never returns normally without having put "done" or "error" on the queue.
-    `kill -USR1 <pid>` (pids in the run directory's ranks.json) prints the rank's Python stacks."""
+    `kill -USR1 <pid>` (pids in the run directory's ranks.json) prints the rank's Python stacks, and
+    `TWINSERVE_DUMP_STACKS_S=N` in the environment prints them every N seconds."""
     die_with_parent()
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    dump_every_s = float(os.environ.get("TWINSERVE_DUMP_STACKS_S", "0") or 0)
+    if dump_every_s > 0:       # a rank that may hang: its stacks every N seconds on stderr, unasked
+        faulthandler.dump_traceback_later(dump_every_s, repeat=True)
     rank = task.info.rank
     try:
-        task.out_queue.put(("done", rank, _run_rank(task)))
+        message = ("done", rank, _run_rank(task))
+        status = 0
     except BaseException as err:   # noqa: BLE001 -- reported to the launcher, then this rank exits 1
         user = isinstance(err, USER_ERRORS)
-        task.out_queue.put(("error", rank, (type(err).__name__, str(err), traceback.format_exc(), user)))
-        task.out_queue.close()
-        task.out_queue.join_thread()
-        sys.exit(1)
+        message, status = ("error", rank, (type(err).__name__, str(err), traceback.format_exc(), user)), 1
+    task.out_queue.put(message)        # the result first: tearing the groups down can block (below)
+    task.out_queue.close()
+    task.out_queue.join_thread()
+    from runtime.distributed.groups import destroy
+    if not destroy(TEARDOWN_S):
+        os._exit(status)               # NCCL teardown hung: leave without it (the launcher has the result)
+    sys.exit(status)
 
 
 def die_with_parent() -> None:
@@ -83,7 +93,7 @@ def _run_rank(task: RankTask) -> LeaderResult | dict:
     from omegaconf import OmegaConf
 
     from runtime.build import build_core
-    from runtime.distributed.groups import destroy, init_rank_groups
+    from runtime.distributed.groups import init_rank_groups
     from runtime.distributed.sharding import SINGLE, ModelParallel
     from runtime.distributed.step_channel import STOP, StepChannel
     from runtime.engine.build_runner import build_model_runner
@@ -100,18 +110,15 @@ def _run_rank(task: RankTask) -> LeaderResult | dict:
     runner = build_model_runner(cfg, core, parallel=parallel, device=info.device)
     task.out_queue.put(("ready", info.rank, os.getpid()))
     channel = StepChannel(groups.cpu_group, info.leader_rank) if groups else None
+    if not info.is_leader:
+        return {"steps": follow(runner, channel)}
+    if channel is not None:
+        runner.step_sender = channel.send
     try:
-        if not info.is_leader:
-            return {"steps": follow(runner, channel)}
-        if channel is not None:
-            runner.step_sender = channel.send
-        try:
-            return lead(task, cfg, core, runner, channel)
-        finally:
-            if channel is not None:
-                channel.send(STOP)
+        return lead(task, cfg, core, runner, channel)
     finally:
-        destroy()
+        if channel is not None:
+            channel.send(STOP)
 
 
 def follow(runner, channel) -> int:
