@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Sequence
 
 from tqdm import tqdm
 
@@ -15,8 +15,11 @@ from runtime.core.batch import StepPlan, StepResult
 from runtime.core.records import StepLog
 from runtime.core.request import Request, RequestSpec
 from runtime.core.scheduler import Scheduler
+from runtime.executor import CallableExecutor, Executor, LaunchedStep, check_executor
+from runtime.executor import FinishedStep  # noqa: F401  (the runner imports it from here)
 from runtime.request_source import ReplaySource, RequestSource
 from runtime.request_source import at_time_zero as all_at_once  # noqa: F401  (callers import it from here)
+from runtime.run_checks import check_drained
 
 
 @dataclass
@@ -24,57 +27,6 @@ class RealOutcome:
     requests: list[Request]
     steps: StepLog
     elapsed_s: float
-
-
-class LaunchedStep(Protocol):
-    """A step handed to the device. `placeholder_ids`: one per sampling item, what the scheduler
-    appends until the real tokens arrive (the executor resolves them on the device)."""
-
-    placeholder_ids: list[int]
-
-    def wait(self) -> StepResult:
-        """Block until the step's tokens are on the host."""
-        ...
-
-    def interval_s(self, origin: object) -> tuple[float, float] | None:
-        """(start, end) of the step on the device, seconds since `origin` (the executor's clock
-        origin); None when the executor cannot tell (the driver then uses host times)."""
-        ...
-
-
-class StepExecutor(Protocol):
-    def launch(self, plan: StepPlan) -> LaunchedStep:
-        """Start the step without waiting for the device."""
-        ...
-
-
-class FinishedStep:
-    """A step that ran synchronously (CPU, or a plain `execute(plan)` callable), timed on the host
-    clock: `start_s`/`end_s` are that clock's readings, `origin` is its reading at the run start."""
-
-    def __init__(self, result: StepResult, start_s: float, end_s: float) -> None:
-        self.result = result
-        self.placeholder_ids = list(result.next_token_ids)
-        self.start_s, self.end_s = start_s, end_s
-
-    def wait(self) -> StepResult:
-        return self.result
-
-    def interval_s(self, origin: object) -> tuple[float, float] | None:
-        return self.start_s - origin, self.end_s - origin
-
-
-class _SyncExecutor:
-    def __init__(self, execute: Callable[[StepPlan], StepResult], clock: Callable[[], float]) -> None:
-        self.execute, self.clock = execute, clock
-
-    def clock_origin(self) -> float:
-        return self.clock()
-
-    def launch(self, plan: StepPlan) -> FinishedStep:
-        start = self.clock()
-        result = self.execute(plan)
-        return FinishedStep(result, start, self.clock())
 
 
 @dataclass
@@ -85,20 +37,20 @@ class _Launched:
 
 
 class RealDriver:
-    """`executor`: a StepExecutor (`launch`) or a plain `execute(plan) -> StepResult` callable.
+    """`executor`: an Executor (runtime/executor.py) or a plain `execute(plan) -> StepResult` callable.
     `as_fast_as_possible`: every request arrives at t=0 (offline throughput), else each is
     added once the wall clock passes its `arrival_s` (measured from the start of the run).
     A source whose requests ask for log-probabilities also has `on_logprobs(items, logprobs)`: called
     before `on_tokens` with a step's sampling items and its StepResult.logprobs (one entry per item)."""
 
-    def __init__(self, scheduler: Scheduler, executor: StepExecutor | Callable[[StepPlan], StepResult],
+    def __init__(self, scheduler: Scheduler, executor: Executor | Callable[[StepPlan], StepResult],
                  as_fast_as_possible: bool = False, progress: bool = True, record_plans: bool = False,
                  clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] = time.sleep,
                  overlap: bool = False, idle_poll_s: float | None = None,
                  predict: Callable[[StepPlan], float] | None = None) -> None:
         """`predict(plan)`: the simulator's duration for the step, recorded next to the measured one."""
         self.scheduler = scheduler
-        self.executor = executor if hasattr(executor, "launch") else _SyncExecutor(executor, clock)
+        self.executor = _as_executor(executor, clock)
         self.as_fast_as_possible = as_fast_as_possible
         self.progress = progress
         self.record_plans = record_plans   # keep every plan's signature (parity checks)
@@ -117,7 +69,7 @@ class RealDriver:
         sched, steps, done = self.scheduler, StepLog(), []
         if self.record_plans:
             steps.plan_signatures = []
-        gpu_origin = getattr(self.executor, "clock_origin", lambda: None)()
+        gpu_origin = self.executor.clock_origin()
         origin = self.clock()
         now = lambda: self.clock() - origin                   # noqa: E731
         bar = tqdm(total=total, desc="serving", unit="req", disable=not self.progress, mininterval=0.5)
@@ -174,4 +126,13 @@ class RealDriver:
             else:
                 source.wait(now(), self.idle_poll_s)
         bar.close()
+        check_drained(sched)                 # the stall check, as the simulator's driver ends its run
         return RealOutcome(done, steps, now())
+
+
+def _as_executor(executor: Executor | Callable[[StepPlan], StepResult], clock: Callable[[], float]) -> Executor:
+    """An Executor as it is, a plain `execute(plan)` callable wrapped (timed on `clock`); anything
+    else fails here, naming what it lacks, rather than at the first step."""
+    if hasattr(executor, "launch") or not callable(executor):
+        return check_executor(executor)
+    return CallableExecutor(executor, clock)

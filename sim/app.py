@@ -1,50 +1,33 @@
-"""`mode=sim`: build the components, simulate the workload, write records and print a summary.
-
-Torch-free.
+"""`mode=sim`: the cost-model executor behind the SimPy driver, through the pipeline both modes share
+(runtime/run_mode.py); dp > 1 goes to sim/dp_app.py. Torch-free.
 """
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
-from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from runtime.build import build_core, check_workload_fits, describe, leaked_slots
-from runtime.metrics import format_summary, summarize
-from runtime.records_io import requests_frame, steps_frame, write_run
+from runtime.build import CoreComponents
+from runtime.run_mode import ModeRun, run_mode
+from sim.costmodel.base import CostModel
 from sim.driver import SimDriver
-from sim.gc_pause import gc_paused
-from sim.predictor import build_cost_model
 from sim.executor import SimExecutor
+from sim.gc_pause import gc_paused
+
+
+def sim_run(cfg: DictConfig, core: CoreComponents, cost_model: CostModel) -> ModeRun:
+    """SimExecutor behind SimDriver; the loop runs with garbage collection paused (sim/gc_pause.py)."""
+    executor = SimExecutor(cost_model, vocab_size=core.model.vocab_size)
+    driver = SimDriver(core.scheduler, executor, fast_forward=bool(cfg.sim.fast_forward),
+                       max_run_steps=int(cfg.sim.max_run_steps), progress=bool(cfg.progress),
+                       overlap=bool(cfg.overlap))
+    return ModeRun("sim", driver, context=gc_paused)
 
 
 def run_sim(cfg: DictConfig, out_dir: str | Path | None = None) -> dict:
     """Simulate `cfg.workload` and write requests.parquet, steps.parquet, summary.json into
     `out_dir` (default: the Hydra run directory). Returns the summary."""
     if int(cfg.dp) > 1 or cfg.get("dp_attention", False):
-        from sim.dp_app import run_sim_dp          # replicas behind the router (imports this module)
+        from sim.dp_app import run_sim_dp          # replicas behind the router
         return run_sim_dp(cfg, out_dir)
-    wall_start = time.perf_counter()
-    core = build_core(cfg)
-    cost_model = build_cost_model(cfg, core)
-    executor = SimExecutor(cost_model, vocab_size=core.model.vocab_size)
-    specs = instantiate(cfg.workload).requests()
-    check_workload_fits(core, specs)
-    if cfg.print_summary:
-        print(describe(core))
-    driver = SimDriver(core.scheduler, executor, fast_forward=bool(cfg.sim.fast_forward),
-                       max_run_steps=int(cfg.sim.max_run_steps), progress=bool(cfg.progress),
-                       overlap=bool(cfg.overlap))
-    with gc_paused():                      # the loop's garbage is short-lived; see sim/gc_pause.py
-        outcome = driver.run(specs)
-    requests, steps = requests_frame(outcome.requests), steps_frame(outcome.steps)
-    summary = summarize(requests, steps, mode="sim", wall_time_s=time.perf_counter() - wall_start)
-    summary["kv_capacity_tokens"] = core.kv_capacity_tokens
-    summary["leaked_kv_slots"] = leaked_slots(core.scheduler)     # the end-of-run check of both modes
-    if hasattr(cost_model, "summary"):           # e.g. the profiled model's fallback count
-        summary["costmodel"] = cost_model.summary()
-    write_run(out_dir or cfg.output_dir, requests, steps, summary)
-    if cfg.print_summary:
-        print(format_summary(summary))
-    return summary
+    return run_mode(cfg, sim_run, out_dir)

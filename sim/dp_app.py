@@ -12,9 +12,11 @@ import pandas as pd
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from runtime.build import CoreComponents, build_replica_cores
-from runtime.metrics import format_summary, summarize
-from runtime.records_io import requests_frame, steps_frame, write_run
+from runtime.build import CoreComponents, build_replica_cores, check_workload_fits, describe
+from runtime.metrics import summarize
+from runtime.records_io import requests_frame, steps_frame
+from runtime.run_checks import end_of_run_checks
+from runtime.run_mode import add_costmodel_summary, publish
 from sim.predictor import runtime_graph_limits
 from sim.costmodel.dp_attention import DPAttentionCostModel
 from sim.dp_driver import DPAttentionSimDriver, DPOutcome, DPSimDriver
@@ -56,8 +58,13 @@ def run_sim_dp(cfg: DictConfig, out_dir: str | Path | None = None) -> dict:
     cores = build_replica_cores(cfg)
     router = instantiate(cfg.router)(num_replicas=len(cores))
     specs = instantiate(cfg.workload).requests()
+    check_workload_fits(cores[0], specs)
+    if cfg.print_summary:
+        print(describe(cores[0]))
     driver = _driver(cfg, cores, router, bool(cfg.progress))
     outcome = driver.run(specs)
+    checks = end_of_run_checks([c.scheduler for c in cores], [r for reqs in outcome.requests for r in reqs],
+                               len(specs))
     requests, steps = merged_frames(outcome)
     summary = summarize(requests, steps, mode="sim", wall_time_s=time.perf_counter() - wall_start)
     layout = cores[0].layout
@@ -68,13 +75,10 @@ def run_sim_dp(cfg: DictConfig, out_dir: str | Path | None = None) -> dict:
         "requests_per_replica": requests.groupby("replica").size().reindex(range(layout.dp), fill_value=0).tolist(),
         "steps_per_replica": steps.groupby("replica").size().reindex(range(layout.dp), fill_value=0).tolist(),
     }
+    summary.update(checks)                               # leaked KV slots, all replicas together
     replicas = getattr(driver, "drivers", None)          # one executor (and cost model) shared by all
-    cost_model = replicas[0].executor.cost_model if replicas else None
-    if hasattr(cost_model, "summary"):           # e.g. the profiled model's fallback count
-        summary["costmodel"] = cost_model.summary()
-    write_run(out_dir or cfg.output_dir, requests, steps, summary)
-    if cfg.print_summary:
-        print(format_summary(summary))
-        print(f"dp={layout.dp}{' (dp attention)' if layout.dp_attention else ''} router={summary['dp']['router']}  "
-              f"requests per replica {summary['dp']['requests_per_replica']}")
+    add_costmodel_summary(summary, replicas[0].executor.cost_model if replicas else None)
+    publish(cfg, out_dir, requests, steps, summary,
+            note=f"dp={layout.dp}{' (dp attention)' if layout.dp_attention else ''} router={summary['dp']['router']}  "
+                 f"requests per replica {summary['dp']['requests_per_replica']}")
     return summary

@@ -11,6 +11,7 @@ import numpy as np
 
 from runtime.core.batch import StepPlan, StepResult
 from runtime.core.request import Request
+from runtime.executor import FinishedStep
 from sim.costmodel.base import CostModel, StepShape
 
 
@@ -33,8 +34,10 @@ def simulated_tokens(req: Request, first_index: int, num_tokens: int, vocab_size
 
 
 class SimExecutor:
-    """`execute(plan)` -> StepResult with the cost model's duration; `decode_run(plan, k)` ->
-    (durations [k], tokens per item [n][k]) for k consecutive decode steps of an unchanged batch.
+    """An Executor (runtime/executor.py): `execute(plan)` -> StepResult with the cost model's
+    duration, `launch(plan)` the same as an already finished step (no clock of its own: the driver
+    places it on its clock). Beyond the Protocol, for exact decode fast-forward, `decode_durations_s`
+    and `decode_tokens` give k consecutive decode steps of an unchanged batch at once.
     Each request's token stream is generated once, vectorised, on first use."""
 
     def __init__(self, cost_model: CostModel, vocab_size: int) -> None:
@@ -62,6 +65,13 @@ class SimExecutor:
                 tokens.append(stream[index] if index < len(stream) else 0)
         return StepResult(next_token_ids=tokens, duration_s=duration_s,
                           host_s=self.cost_model.host_time_s(shape))
+
+    def clock_origin(self) -> None:
+        """None: a simulated step has no device times; the driver's clock places it."""
+        return None
+
+    def launch(self, plan: StepPlan) -> FinishedStep:
+        return FinishedStep(self.execute(plan))
 
     def decode_host_s(self, plan: StepPlan) -> float:
         """Host share of each step of a decode run of `plan`'s batch (independent of context)."""

@@ -35,8 +35,8 @@ from runtime.distributed.launch import RankProcesses, free_port
 from runtime.distributed.sources import END, GO
 from runtime.distributed.worker import LeaderResult, RankTask
 from runtime.driver import all_at_once
-from runtime.metrics import format_summary, step_prediction_error, summarize
-from runtime.records_io import write_run
+from runtime.metrics import step_prediction_error, summarize
+from runtime.run_mode import publish
 
 DEFAULT_TIMEOUT_S = 600.0
 
@@ -244,10 +244,9 @@ def run_real_distributed(cfg: DictConfig, out_dir: str | Path | None = None) -> 
             "requests_per_replica": requests.groupby("replica").size().reindex(range(dp), fill_value=0).tolist(),
             "steps_per_replica": steps.groupby("replica").size().reindex(range(dp), fill_value=0).tolist(),
         }
-    write_run(out_dir, requests, steps, summary)
-    if cfg.print_summary:
-        print(format_summary(summary))
-        print(f"tp={core_layout.tp} ep={core_layout.ep} dp={dp}: {len(pids)} ranks ({facts['device']} on rank 0)"
-              + (f"  router={summary['dp']['router']}  requests per replica {summary['dp']['requests_per_replica']}"
-                 if dp > 1 else ""))
+    # the stall check ran on every leader (RealDriver.serve); leaked slots come summed from their facts
+    publish(cfg, out_dir, requests, steps, summary,
+            note=f"tp={core_layout.tp} ep={core_layout.ep} dp={dp}: {len(pids)} ranks ({facts['device']} on rank 0)"
+                 + (f"  router={summary['dp']['router']}  requests per replica {summary['dp']['requests_per_replica']}"
+                    if dp > 1 else ""))
     return summary
