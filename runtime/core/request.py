@@ -83,6 +83,7 @@ class FinishReason(str, enum.Enum):
 class Request:
     """One request's mutable state. Token bookkeeping:
 
+    - `input_ids`: the prompt, a tuple or a list, never mutated (a spec's tuple is shared);
     - `fill_ids` = input_ids + output_ids: every token the request knows;
     - `num_computed_tokens`: how many of them have KV written (the prefix matched in the
       radix cache counts as computed); always <= len(fill_ids);
@@ -92,7 +93,7 @@ class Request:
     """
 
     rid: str
-    input_ids: list[int]
+    input_ids: Sequence[int]
     sampling: SamplingParams
     arrival_s: float
     priority: int = 0
@@ -116,9 +117,10 @@ class Request:
 
     @classmethod
     def from_spec(cls, spec: RequestSpec) -> "Request":
+        """The request of `spec`, sharing its prompt (no copy: `input_ids` is never mutated)."""
         return cls(
             rid=spec.rid,
-            input_ids=list(spec.input_ids),
+            input_ids=spec.input_ids,
             sampling=spec.sampling_params(),
             arrival_s=spec.arrival_s,
             priority=spec.priority,
@@ -170,12 +172,15 @@ class Request:
 
     @property
     def fill_ids(self) -> list[int]:
-        return self.input_ids + self.output_ids
+        return [*self.input_ids, *self.output_ids]
 
-    def tokens(self) -> list[int]:
-        """Every token the request knows, without a copy while it has no output yet (callers must
-        not mutate the list; `fill_ids` is the copy)."""
-        return self.input_ids + self.output_ids if self.output_ids else self.input_ids
+    def tokens(self) -> Sequence[int]:
+        """Every token the request knows, of the prompt's type (a tuple or a list), without a copy
+        while it has no output yet (callers must not mutate it; `fill_ids` is a list copy)."""
+        ids, outputs = self.input_ids, self.output_ids
+        if not outputs:
+            return ids
+        return ids + tuple(outputs) if type(ids) is tuple else [*ids, *outputs]
 
     @property
     def num_fill_tokens(self) -> int:

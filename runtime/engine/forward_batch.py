@@ -154,13 +154,14 @@ def _check_counts(num_new: int, prefix_len: int, num_slots: int, num_new_slots: 
                          f"prefix {prefix_len}, {num_slots} slots")
 
 
-def _fill_slice(input_ids: list[int], output_ids: list[int], start: int, count: int) -> list[int]:
-    """(input_ids + output_ids)[start:start + count] without concatenating the whole history."""
+def _fill_slice(input_ids: Sequence[int], output_ids: list[int], start: int, count: int) -> Sequence[int]:
+    """(input_ids + output_ids)[start:start + count] without concatenating the whole history
+    (the prompt may be a tuple or a list; a slice across both is a list)."""
     num_input = len(input_ids)
     if start >= num_input:
         return output_ids[start - num_input:start - num_input + count]
     head = input_ids[start:start + count]
-    return head + output_ids[:count - len(head)] if len(head) < count else head
+    return [*head, *output_ids[:count - len(head)]] if len(head) < count else head
 
 
 def _to_device(array: np.ndarray, device: torch.device | str) -> torch.Tensor:

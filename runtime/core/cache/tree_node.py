@@ -4,11 +4,11 @@ Must not import torch, simpy or time: timestamps (`*_s`, seconds) are given by t
 """
 from __future__ import annotations
 
-from typing import Any, Hashable
+from typing import Any, Hashable, Sequence
 
 
 class TreeNode:
-    """An edge of the radix tree: `key` (token ids) and `slots` (their KV slot indices, int32,
+    """An edge of the radix tree: `key` (token ids, a tuple or a list: a slice of what was inserted) and `slots` (their KV slot indices, int32,
     same length; a whole number of pages; never written in place, so splits may share them). Children are keyed by `edge_key` of their key.
 
     `lock_ref` counts running requests pinning this node (> 0: protected from eviction).
@@ -26,14 +26,14 @@ class TreeNode:
         self,
         node_id: int,
         parent: TreeNode | None,
-        key: list[int],
+        key: Sequence[int],
         slots: Any,
         now: float,
         priority: int = 0,
     ) -> None:
         self.children: dict[Hashable, TreeNode] = {}
         self.parent: TreeNode | None = parent
-        self.key: list[int] = key
+        self.key: Sequence[int] = key
         self.slots = slots          # np.ndarray int32 [len(key)]
         self.lock_ref: int = 0
         self.last_access_s: float = now
@@ -61,20 +61,25 @@ class TreeNode:
                 f"hits={self.hit_count}, children={len(self.children)})")
 
 
-def edge_key(tokens: list[int], pos: int, page_size: int) -> Hashable:
+def edge_key(tokens: Sequence[int], pos: int, page_size: int) -> Hashable:
     """The dict key of the edge starting at tokens[pos]: the token itself, or the first page."""
     if page_size == 1:
         return tokens[pos]
     return tuple(tokens[pos:pos + page_size])
 
 
-def common_prefix_len(tokens: list[int], pos: int, edge: list[int], end: int | None = None) -> int:
+def common_prefix_len(tokens: Sequence[int], pos: int, edge: Sequence[int], end: int | None = None) -> int:
     """Length of the common prefix of tokens[pos:end] and `edge`, using slice comparisons only
-    (C speed): one whole-slice compare, then halving chunks to locate the first mismatch."""
+    (C speed): one whole-slice compare, then halving chunks to locate the first mismatch.
+    Tuples and lists may meet (prompts are tuples, outputs lists): the segment takes the edge's type."""
     stop = pos + len(edge) if end is None else min(pos + len(edge), end)
     segment = tokens[pos:stop]
     if segment == edge:
         return len(edge)
+    if type(segment) is not type(edge):
+        segment = type(edge)(segment)
+        if segment == edge:
+            return len(edge)
     limit = len(segment)
     if limit < len(edge) and segment == edge[:limit]:
         return limit

@@ -26,7 +26,7 @@ def deprioritized(ordered: list[Request], match_lengths: dict[Request, int],
             continue
         head = req.input_ids[:threshold_tokens]
         if len(head) < threshold_tokens:            # the output tokens continue the sequence
-            head = (head + req.output_ids)[:threshold_tokens]
+            head = [*head, *req.output_ids][:threshold_tokens]
         if len(head) < threshold_tokens:            # too short to share threshold tokens
             continue
         key = tuple(head)
