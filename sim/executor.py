@@ -14,23 +14,31 @@ from runtime.core.request import Request
 from runtime.executor import FinishedStep
 from sim.costmodel.base import CostModel, StepShape
 
+_MASK64 = (1 << 64) - 1
 
-def simulated_tokens(req: Request, first_index: int, num_tokens: int, vocab_size: int) -> list[int]:
+
+def simulated_tokens(req: Request, first_index: int, num_tokens: int, vocab_size: int,
+                     int_objects: np.ndarray | None = None) -> list[int]:
     """Output tokens first_index.. of `req`: the trace's own tokens where known, else a
-    splitmix64 hash of (crc32(rid), index) -- deterministic across processes and runs."""
+    splitmix64 hash of (crc32(rid), index) -- deterministic across processes and runs.
+    `int_objects` (optional, [vocab_size] object array of Python ints): the ids come out as those
+    shared objects (no new int per token)."""
     expected = req.expected_output_ids or ()
     known = list(expected[first_index:first_index + num_tokens])
     missing = num_tokens - len(known)
     if missing <= 0:
         return known
     start = first_index + len(known)
-    x = np.arange(start, start + missing, dtype=np.uint64) + np.uint64(zlib.crc32(req.rid.encode()) << 20)
-    with np.errstate(over="ignore"):
-        x = x + np.uint64(0x9E3779B97F4A7C15)
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        x = x ^ (x >> np.uint64(31))
-    return known + (x % np.uint64(vocab_size)).astype(np.int64).tolist()
+    x = np.arange(start, start + missing, dtype=np.uint64)                    # [m], wrapping in place
+    x += np.uint64(((zlib.crc32(req.rid.encode()) << 20) + 0x9E3779B97F4A7C15) & _MASK64)
+    x ^= x >> np.uint64(30)
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(27)
+    x *= np.uint64(0x94D049BB133111EB)
+    x ^= x >> np.uint64(31)
+    x %= np.uint64(vocab_size)
+    ids = int_objects[x.astype(np.intp)] if int_objects is not None else x.astype(np.int64)
+    return known + ids.tolist()
 
 
 class SimExecutor:
@@ -44,11 +52,12 @@ class SimExecutor:
         self.cost_model = cost_model
         self.vocab_size = vocab_size
         self._streams: dict[str, list[int]] = {}
+        self._int_objects = np.arange(vocab_size).astype(object)   # [V] one Python int per id, shared
 
     def _stream(self, req: Request) -> list[int]:
         stream = self._streams.get(req.rid)
         if stream is None or len(stream) < req.sampling.max_new_tokens:
-            stream = simulated_tokens(req, 0, req.sampling.max_new_tokens, self.vocab_size)
+            stream = simulated_tokens(req, 0, req.sampling.max_new_tokens, self.vocab_size, self._int_objects)
             self._streams[req.rid] = stream
         return stream
 
