@@ -5,6 +5,7 @@ Must not import torch, simpy or time: every timestamp is passed in by a driver.
 from __future__ import annotations
 
 import enum
+from array import array
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -46,13 +47,15 @@ class SamplingParams:
 class RequestSpec:
     """A request as a workload yields it: what arrives, when, and how much it should generate.
 
-    `expected_output_ids` (optional) are the tokens a trace says were generated; the
-    simulator emits them so multi-turn traces hit the cache the way reality would.
+    `input_ids`: a tuple or an int32 `array.array` (4 bytes a token, sliced and compared at
+    memcpy speed), never mutated: requests share it. `expected_output_ids` (optional) are the
+    tokens a trace says were generated; the simulator emits them so multi-turn traces hit the
+    cache the way reality would.
     """
 
     rid: str
     arrival_s: float
-    input_ids: tuple[int, ...]
+    input_ids: Sequence[int]
     output_len: int
     priority: int = 0
     expected_output_ids: tuple[int, ...] | None = None
@@ -83,7 +86,8 @@ class FinishReason(str, enum.Enum):
 class Request:
     """One request's mutable state. Token bookkeeping:
 
-    - `input_ids`: the prompt, a tuple or a list, never mutated (a spec's tuple is shared);
+    - `input_ids`: the prompt (a tuple, an int32 `array.array` or a list), never mutated: the
+      spec's own is shared;
     - `fill_ids` = input_ids + output_ids: every token the request knows;
     - `num_computed_tokens`: how many of them have KV written (the prefix matched in the
       radix cache counts as computed); always <= len(fill_ids);
@@ -175,12 +179,16 @@ class Request:
         return [*self.input_ids, *self.output_ids]
 
     def tokens(self) -> Sequence[int]:
-        """Every token the request knows, of the prompt's type (a tuple or a list), without a copy
+        """Every token the request knows, of the prompt's type (tuple, int32 array or list), without a copy
         while it has no output yet (callers must not mutate it; `fill_ids` is a list copy)."""
         ids, outputs = self.input_ids, self.output_ids
         if not outputs:
             return ids
-        return ids + tuple(outputs) if type(ids) is tuple else [*ids, *outputs]
+        if type(ids) is tuple:
+            return ids + tuple(outputs)
+        if type(ids) is array:
+            return ids + array(ids.typecode, outputs)
+        return [*ids, *outputs]
 
     @property
     def num_fill_tokens(self) -> int:

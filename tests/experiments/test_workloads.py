@@ -3,6 +3,7 @@ errors, and Hydra configs. Synthetic trace files only; real files are a skipped-
 from __future__ import annotations
 
 import math
+from array import array
 from pathlib import Path
 
 import numpy as np
@@ -62,7 +63,7 @@ def check_contract(specs: list[RequestSpec], vocab_size: int = VOCAB) -> None:
     assert len({s.rid for s in specs}) == len(specs)
     assert [(s.arrival_s, s.rid) for s in specs] == sorted((s.arrival_s, s.rid) for s in specs)
     for s in specs:
-        assert isinstance(s.input_ids, tuple) and len(s.input_ids) >= 1
+        assert isinstance(s.input_ids, (tuple, array)) and len(s.input_ids) >= 1
         assert all(type(t) is int and 0 <= t < vocab_size for t in s.input_ids)
         assert s.output_len >= 1 and s.arrival_s >= 0
         assert s.sampling_params().max_new_tokens == s.output_len

@@ -4,6 +4,7 @@ Must not import torch, simpy or time: every timestamp `now` (seconds) is passed 
 """
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Iterator, Sequence
@@ -17,7 +18,8 @@ from runtime.core.cache.tree_node import TreeNode, common_prefix_len, edge_key
 
 __all__ = ["MatchResult", "RadixCache", "TreeNode"]
 
-_FLAT = (list, tuple)   # token sequences used as they are (no copy); edges are slices of them
+# token sequences used as they are (no copy; edges are slices of them); others become lists
+TOKEN_SEQUENCES = (list, tuple, array)
 
 
 @dataclass(eq=False)
@@ -96,7 +98,7 @@ class RadixCache:
     def match_prefix(self, token_ids: Sequence[int], max_tokens: int | None = None,
                      now: float | None = None, start: MatchResult | None = None) -> MatchResult:
         """Longest cached page-aligned prefix of `token_ids[:max_tokens]` (no copy is made of a
-        list or tuple). Changes no sizes; may split a node so that the returned node ends exactly at
+        list, tuple or array). Changes no sizes; may split a node so that the returned node ends exactly at
         `length`. With `now`, every node walked gets last_access_s = now, the partly matched one
         included (SGLang's RadixCache._match_prefix_helper): prefixes that waiting requests keep
         matching stay recent for LRU. Without `now` (checks, statistics) no stats change.
@@ -105,7 +107,7 @@ class RadixCache:
         evicting its deepest node first, and splits keep every node's end depth)."""
         if not self.enabled:
             return MatchResult(0, self.root)
-        if type(token_ids) in _FLAT:
+        if type(token_ids) in TOKEN_SEQUENCES:
             key, limit = token_ids, len(token_ids) if max_tokens is None else min(max_tokens, len(token_ids))
             limit -= limit % self.page_size
         else:
@@ -173,7 +175,7 @@ class RadixCache:
         if not self.enabled:
             return 0, self.root
         off = key_offset
-        key = token_ids if type(token_ids) in _FLAT else list(token_ids[:num_tokens - off])
+        key = token_ids if type(token_ids) in TOKEN_SEQUENCES else list(token_ids[:num_tokens - off])
         limit = num_tokens - num_tokens % self.page_size
         node, pos = self.root, 0
         from_start = start is not None and 0 < start.length <= limit
@@ -298,7 +300,7 @@ class RadixCache:
 
     def _aligned_key(self, token_ids: Sequence[int]) -> Sequence[int]:
         aligned_len = len(token_ids) - len(token_ids) % self.page_size
-        if type(token_ids) in _FLAT:
+        if type(token_ids) in TOKEN_SEQUENCES:
             return token_ids if aligned_len == len(token_ids) else token_ids[:aligned_len]
         return list(token_ids[:aligned_len])
 

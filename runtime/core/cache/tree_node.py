@@ -8,7 +8,7 @@ from typing import Any, Hashable, Sequence
 
 
 class TreeNode:
-    """An edge of the radix tree: `key` (token ids, a tuple or a list: a slice of what was inserted) and `slots` (their KV slot indices, int32,
+    """An edge of the radix tree: `key` (token ids: a slice of what was inserted, a list, tuple or int32 array) and `slots` (their KV slot indices, int32,
     same length; a whole number of pages; never written in place, so splits may share them). Children are keyed by `edge_key` of their key.
 
     `lock_ref` counts running requests pinning this node (> 0: protected from eviction).
@@ -71,13 +71,13 @@ def edge_key(tokens: Sequence[int], pos: int, page_size: int) -> Hashable:
 def common_prefix_len(tokens: Sequence[int], pos: int, edge: Sequence[int], end: int | None = None) -> int:
     """Length of the common prefix of tokens[pos:end] and `edge`, using slice comparisons only
     (C speed): one whole-slice compare, then halving chunks to locate the first mismatch.
-    Tuples and lists may meet (prompts are tuples, outputs lists): the segment takes the edge's type."""
+    Sequences of different types (see radix_cache.TOKEN_SEQUENCES) compare as lists."""
     stop = pos + len(edge) if end is None else min(pos + len(edge), end)
     segment = tokens[pos:stop]
     if segment == edge:
         return len(edge)
-    if type(segment) is not type(edge):
-        segment = type(edge)(segment)
+    if type(segment) is not type(edge):       # a prompt (tuple, int32 array) against outputs (list)
+        segment, edge = list(segment), list(edge)
         if segment == edge:
             return len(edge)
     limit = len(segment)

@@ -6,28 +6,37 @@ Must not import torch, simpy or time: access times are the `now` passed in.
 from __future__ import annotations
 
 import heapq
+from array import array
 from typing import Sequence
 
 
 class _Node:
     __slots__ = ("key", "children", "parent", "last_access_s")
 
-    def __init__(self, key: tuple[int, ...], parent: "_Node | None", now: float) -> None:
+    def __init__(self, key: Sequence[int], parent: "_Node | None", now: float) -> None:
         self.key = key                          # edge label: the tokens from parent to here
         self.children: dict[int, _Node] = {}    # first token of the child's key -> child
         self.parent = parent
         self.last_access_s = now
 
 
-def _common_len(key: tuple[int, ...], tokens: tuple[int, ...], start: int) -> int:
-    """Length of the common prefix of `key` and tokens[start:]."""
+def _common_len(key: Sequence[int], tokens: Sequence[int], start: int) -> int:
+    """Length of the common prefix of `key` and tokens[start:] (sequences of one type, or compared as lists)."""
     n = min(len(key), len(tokens) - start)
-    if tokens[start:start + n] == key[:n]:
+    head, segment = key[:n], tokens[start:start + n]
+    if type(head) is not type(segment):
+        head, segment = list(head), list(segment)
+    if segment == head:
         return n
     i = 0
     while i < n and key[i] == tokens[start + i]:
         i += 1
     return i
+
+
+def _as_sequence(tokens: Sequence[int]) -> Sequence[int]:
+    """A tuple, list or array as it is (edges are slices of it; prompts are never mutated), else a tuple."""
+    return tokens if type(tokens) in (tuple, list, array) else tuple(tokens)
 
 
 class ApproxPrefixTree:
@@ -40,7 +49,7 @@ class ApproxPrefixTree:
 
     def match_len(self, tokens: Sequence[int]) -> int:
         """Tokens of the longest prefix of `tokens` stored in the tree; changes nothing."""
-        tokens = tuple(tokens)
+        tokens = _as_sequence(tokens)
         node, pos = self.root, 0
         while pos < len(tokens):
             child = node.children.get(tokens[pos])
@@ -55,7 +64,7 @@ class ApproxPrefixTree:
 
     def insert(self, tokens: Sequence[int], now: float) -> None:
         """Store `tokens`; every node on its path is stamped `now` (most recently used)."""
-        tokens = tuple(tokens)
+        tokens = _as_sequence(tokens)
         node, pos = self.root, 0
         node.last_access_s = now
         while pos < len(tokens):

@@ -4,6 +4,7 @@ the approximate trees on the clock passed in."""
 from __future__ import annotations
 
 import random
+from array import array
 
 import pytest
 from hydra.utils import instantiate
@@ -15,6 +16,14 @@ from tests.core.router.specs import distinct, spec
 
 PREFIX_A = list(range(1, 201))          # two system prompts of 200 tokens
 PREFIX_B = list(range(1001, 1201))
+
+
+def test_tree_takes_prompts_of_any_sequence_type_without_copying() -> None:
+    tree = ApproxPrefixTree()
+    tree.insert(array("i", [1, 2, 3, 4, 5]), now=0.0)     # an int32 prompt (Mooncake's)
+    tree.insert((1, 2, 9), now=1.0)                        # a tuple splits its edge
+    assert tree.match_len([1, 2, 3, 4, 6]) == 4 and tree.match_len(array("i", [1, 2, 9, 9])) == 3
+    assert tree.size_tokens == 6
 
 
 def test_tree_matches_inserts_and_splits() -> None:
