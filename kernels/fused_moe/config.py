@@ -74,6 +74,24 @@ def get_config(num_tokens: int, num_experts: int, top_k: int, inter_size: int, d
     return json.loads(json.dumps(table[nearest]))
 
 
+def config_token_counts(num_experts: int, top_k: int, inter_size: int, dtype: str, max_tokens: int,
+                        device: str | None = None, config_dir: Path = CONFIG_DIR) -> list[int]:
+    """One token count M <= max_tokens per distinct config get_config picks for 1..max_tokens, ascending:
+    running each once compiles every Triton specialisation a serving run can meet. Candidates: the table's
+    keys (every M picks its nearest key's config), max_tokens (its nearest key may lie above it), and the
+    heuristic's thresholds."""
+    per_expert = max(num_experts, 1) / max(top_k, 1)
+    candidates = {1, max_tokens, int(16 * per_expert), int(16 * per_expert) + 1,
+                  int(64 * per_expert), int(64 * per_expert) + 1}
+    file = Path(config_dir) / config_file_name(num_experts, inter_size, device or device_name(), dtype)
+    candidates.update(_load_table(str(file)) or {})   # M in a key's region picks the key's config
+    seen: dict[str, int] = {}
+    for m in sorted(c for c in candidates if 1 <= c <= max_tokens):
+        cfg = get_config(m, num_experts, top_k, inter_size, dtype, device, config_dir)
+        seen.setdefault(json.dumps(cfg, sort_keys=True), m)
+    return sorted(seen.values())
+
+
 def shared_memory_bytes(cfg: dict, a_bytes: int, b_bytes: int, gated: bool) -> int:
     """Pipeline buffers of one CTA: num_stages x (A tile + one or two B tiles)."""
     a_tile = cfg["BLOCK_SIZE_M"] * cfg["BLOCK_SIZE_K"] * a_bytes

@@ -27,6 +27,21 @@ def graph_max_batch_size(cfg: DictConfig) -> int:
     return int(value) if value is not None else int(cfg.scheduler.max_running_requests)
 
 
+def moe_kernel_token_counts(model, max_tokens: int) -> list[int]:
+    """Step sizes (tokens) that between them use every fused-MoE launch config the model's MoE layers can
+    pick for up to max_tokens tokens; [] without MoE layers. A config first met while serving compiles its
+    Triton kernels inside that step (~0.5 s on an H200): warm-up runs each of these sizes once instead."""
+    from kernels.fused_moe.config import config_token_counts, dtype_name
+    from runtime.models.moe import MoE
+
+    moe = next((m for m in model.modules() if isinstance(m, MoE)), None)
+    if moe is None:
+        return []
+    w13 = moe.experts.w13                                   # [E_local, 2I, H]
+    return config_token_counts(w13.shape[0], moe.gate.config.num_experts_per_tok, w13.shape[1] // 2,
+                               dtype_name(w13.dtype), max_tokens)
+
+
 def build_model_runner(cfg: DictConfig, core: CoreComponents, warmup: bool | None = None,
                        parallel: ModelParallel = SINGLE, device: str | None = None) -> ModelRunner:
     """A ModelRunner for `core` (its KV capacity, scheduler limits) as `cfg.real` asks; on CUDA it
@@ -56,6 +71,7 @@ def build_model_runner(cfg: DictConfig, core: CoreComponents, warmup: bool | Non
     if (cfg.real.warmup if warmup is None else warmup) and device.type == "cuda":
         chunk = int(cfg.scheduler.chunked_prefill_size)
         started = time.perf_counter()
-        runner.warmup(sorted({chunk if chunk > 0 else 8192, 2048, 512, 64}, reverse=True))
+        longest = chunk if chunk > 0 else 8192
+        runner.warmup(sorted({longest, 2048, 512, 64, *moe_kernel_token_counts(runner.model, longest)}, reverse=True))
         runner.warmup_s = time.perf_counter() - started
     return runner
