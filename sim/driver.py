@@ -109,6 +109,7 @@ class SimDriver:
         if self.record_plans:
             steps.plan_signatures = []
         done: list[Request] = []
+        self.executor.prepare_streams(specs)      # every request's tokens in one vectorised pass
         bar = tqdm(total=len(specs), desc="simulating", unit="req", disable=not self.progress, mininterval=0.5)
         env.process(self.engine(env, SpecQueue(specs, on_finish=bar.update), steps, done))
         env.run()

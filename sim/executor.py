@@ -6,18 +6,17 @@ deterministic pseudo-random stream per request, so multi-turn traces hit the cac
 from __future__ import annotations
 
 import zlib
+from typing import Sequence
 
 import numpy as np
 
 from runtime.core.batch import StepPlan, StepResult
-from runtime.core.request import Request
+from runtime.core.request import Request, RequestSpec
 from runtime.executor import FinishedStep
 from sim.costmodel.base import CostModel, StepShape
 
-_MASK64 = (1 << 64) - 1
 
-
-def simulated_tokens(req: Request, first_index: int, num_tokens: int, vocab_size: int,
+def simulated_tokens(req: Request | RequestSpec, first_index: int, num_tokens: int, vocab_size: int,
                      int_objects: np.ndarray | None = None) -> list[int]:
     """Output tokens first_index.. of `req`: the trace's own tokens where known, else a
     splitmix64 hash of (crc32(rid), index) -- deterministic across processes and runs.
@@ -29,16 +28,42 @@ def simulated_tokens(req: Request, first_index: int, num_tokens: int, vocab_size
     if missing <= 0:
         return known
     start = first_index + len(known)
-    x = np.arange(start, start + missing, dtype=np.uint64)                    # [m], wrapping in place
-    x += np.uint64(((zlib.crc32(req.rid.encode()) << 20) + 0x9E3779B97F4A7C15) & _MASK64)
+    x = np.arange(start, start + missing, dtype=np.uint64) + np.uint64(_rid_seed(req.rid))   # [m]
+    ids = _hashed_ids(x, vocab_size)
+    return known + (int_objects[ids] if int_objects is not None else ids.astype(np.int64)).tolist()
+
+
+def simulated_streams(specs: Sequence[RequestSpec], vocab_size: int, int_objects: np.ndarray) -> list[list[int]]:
+    """`simulated_tokens(spec, 0, max_new_tokens)` of every spec, hashed in one vectorised pass."""
+    knowns, lengths = [], []
+    for spec in specs:
+        num_tokens = spec.sampling_params().max_new_tokens
+        knowns.append(list((spec.expected_output_ids or ())[:num_tokens]))
+        lengths.append(num_tokens)
+    first = np.array([len(k) for k in knowns], dtype=np.int64)                         # [R]
+    missing = np.array(lengths, dtype=np.int64) - first                               # [R]
+    ends = np.cumsum(missing)                                                         # [R]
+    seeds = np.array([_rid_seed(spec.rid) for spec in specs], dtype=np.uint64)        # [R]
+    index = np.arange(int(ends[-1]) if len(specs) else 0, dtype=np.int64) + np.repeat(first - (ends - missing), missing)
+    ids = int_objects[_hashed_ids(index.astype(np.uint64) + np.repeat(seeds, missing), vocab_size)]   # [sum missing]
+    bounds = np.concatenate(([0], ends)).tolist()
+    return [known + ids[a:b].tolist() for known, a, b in zip(knowns, bounds[:-1], bounds[1:])]
+
+
+def _rid_seed(rid: str) -> int:
+    return zlib.crc32(rid.encode()) << 20
+
+
+def _hashed_ids(x: np.ndarray, vocab_size: int) -> np.ndarray:
+    """splitmix64 of x (uint64, hashed in place, wrapping) modulo vocab_size, as intp."""
+    x += np.uint64(0x9E3779B97F4A7C15)
     x ^= x >> np.uint64(30)
     x *= np.uint64(0xBF58476D1CE4E5B9)
     x ^= x >> np.uint64(27)
     x *= np.uint64(0x94D049BB133111EB)
     x ^= x >> np.uint64(31)
     x %= np.uint64(vocab_size)
-    ids = int_objects[x.astype(np.intp)] if int_objects is not None else x.astype(np.int64)
-    return known + ids.tolist()
+    return x.astype(np.intp)
 
 
 class SimExecutor:
@@ -46,13 +71,20 @@ class SimExecutor:
     duration, `launch(plan)` the same as an already finished step (no clock of its own: the driver
     places it on its clock). Beyond the Protocol, for exact decode fast-forward, `decode_durations_s`
     and `decode_tokens` give k consecutive decode steps of an unchanged batch at once.
-    Each request's token stream is generated once, vectorised, on first use."""
+    Each request's token stream is generated once, vectorised: on first use, or for a whole
+    workload at once (`prepare_streams`)."""
 
     def __init__(self, cost_model: CostModel, vocab_size: int) -> None:
         self.cost_model = cost_model
         self.vocab_size = vocab_size
         self._streams: dict[str, list[int]] = {}
         self._int_objects = np.arange(vocab_size).astype(object)   # [V] one Python int per id, shared
+
+    def prepare_streams(self, specs: Sequence[RequestSpec]) -> None:
+        """Generate the token streams of requests still to come in one pass (the same tokens)."""
+        todo = [spec for spec in specs if spec.rid not in self._streams]
+        for spec, stream in zip(todo, simulated_streams(todo, self.vocab_size, self._int_objects)):
+            self._streams[spec.rid] = stream
 
     def _stream(self, req: Request) -> list[int]:
         stream = self._streams.get(req.rid)
