@@ -135,10 +135,10 @@ class ModelRunner:
 
     @torch.no_grad()
     def warmup(self, prefill_tokens: list[int]) -> float:
-        """Throw-away prefills of these lengths, then one decode after each, before serving, so
-        just-in-time kernels (Triton, FlashInfer) compile now rather than inside the first steps.
-        Writes KV only into slots no request owns yet (a request reads only slots it wrote).
-        Returns the seconds it took."""
+        """Throw-away prefills of these lengths, each followed by one decode and by an extend of its
+        second half over the first (a chunk continuation's kernels), before serving, so just-in-time
+        kernels (Triton, FlashInfer) compile now rather than inside the first steps. Writes KV only
+        into slots no request owns yet (a request reads only slots it wrote). Returns the seconds it took."""
         start = time.perf_counter()
         vocab = self.model.config.vocab_size
         limit = self.pool.num_slots - 1
@@ -147,6 +147,8 @@ class ModelRunner:
             ids, slots = [i % vocab for i in range(n)], list(range(n))
             self.forward(ForwardBatch.build([(ids[:-1], 0, slots[:-1])], self.device))
             self.forward(ForwardBatch.build([(ids[-1:], n - 1, slots)], self.device))
+            prefix = n // 2                   # the second half again, over the first half's KV
+            self.forward(ForwardBatch.build([(ids[prefix:], prefix, slots)], self.device))
         self._sync()
         return time.perf_counter() - start
 
