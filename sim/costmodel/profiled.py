@@ -67,6 +67,7 @@ class ProfiledCostModel:
         self.fallbacks = {"decode": 0, "prefill": 0}
         self.num_priced = 0
         self._prefill_cache: dict = {}
+        self._host_cache: dict[tuple[int, int, int], float] = {}
 
     # -- CostModel ----------------------------------------------------------------------
     def step_time_s(self, shape: StepShape) -> float:
@@ -75,7 +76,11 @@ class ProfiledCostModel:
     def host_time_s(self, shape: StepShape) -> float:
         if self.host is None:
             return self.roofline.host_time_s(shape)
-        return self.host.host_s(len(shape.extend_new_tokens), sum(shape.extend_new_tokens), shape.num_decode_reqs)
+        key = (len(shape.extend_new_tokens), sum(shape.extend_new_tokens), shape.num_decode_reqs)
+        cached = self._host_cache.get(key)        # few distinct keys: decode batch sizes, full chunks
+        if cached is None:
+            cached = self._host_cache[key] = self.host.host_s(*key)
+        return cached
 
     def decode_times_s(self, num_reqs: int, context_tokens: np.ndarray) -> np.ndarray:
         host = self.host_time_s(StepShape(num_decode_reqs=num_reqs, decode_context_tokens=num_reqs))
