@@ -13,12 +13,16 @@ IFS=';' read -ra LAYOUT_LIST <<< "${LAYOUTS:-dp=1;dp=2;tp=2;tp=2 ep=2}"
 for layout in "${LAYOUT_LIST[@]}"; do
   name=${layout//=/}; name=${name// /_}
   start=$(date +%s)
-  timeout ${LAYOUT_TIMEOUT_S:-300} python run.py mode=real $layout $W progress=false real.cuda_graph_max_bs=256 \
+  timeout ${LAYOUT_TIMEOUT_S:-300} python run.py mode=real $layout $W progress=false real.cuda_graph_max_bs=${GRAPH_BS:-256} \
     hydra.run.dir=/tmp/layouts/$name 2>&1 | grep -v Warning | tail -4
   cp /tmp/layouts/$name/summary.json "$OUT/$name.json" 2>/dev/null
   mkdir -p "$OUT/$name" && cp /tmp/layouts/$name/*.parquet "$OUT/$name/" 2>/dev/null
   echo "$layout: $(( $(date +%s) - start )) s"
 done
+if [ "${GPU_TESTS:-1}" = 1 ]; then   # tp=2 / tp=2 ep=2 serve tp=1's greedy tokens in fp32 (the 2-GPU tests)
+  timeout ${TESTS_TIMEOUT_S:-240} python -m pytest -q -m gpu tests/distributed/test_gpu_layouts.py -p no:cacheprovider 2>&1 \
+    | grep -v Warning | tee "$OUT/gpu_layout_tests.log" | tail -4
+fi
 python - "$OUT" <<'PY'
 import json, sys, pathlib
 for f in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
