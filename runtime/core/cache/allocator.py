@@ -19,13 +19,17 @@ class KVSlotAllocator:
 
     State: a LIFO stack of free page indices in a numpy array (pages freed last are reused first,
     in the order they were passed to `free`; one slice to allocate, one block write to free) and
-    one byte per page (1 = allocated) for double-free detection, marked in one vectorised write.
-    Pages never handed out yet are not on the stack: they sit below it as the range
-    [fresh_page, num_pages), taken in ascending order once the stack is empty (the order a full
-    stack would give, with O(1) construction -- a simulated H200 holds millions of slots, and dp
-    replicas each hold their own allocator). Initially pages come out in ascending order.
-    Slots come out as int32 arrays (`allocate_slots`; `allocate` gives a list); `free` takes any
-    sequence of ints (a numpy array is not copied).
+    one byte per page (1 = allocated) for double-free detection. Pages never handed out yet are
+    not on the stack: they sit below it as the range [fresh_page, num_pages), taken in ascending
+    order once the stack is empty (the order a full stack would give, with O(1) construction -- a
+    simulated H200 holds millions of slots, and dp replicas each hold their own allocator).
+    Initially pages come out in ascending order. Slots come out as int32 arrays (`allocate_slots`;
+    `allocate` gives a list); `free` takes any sequence of ints (a numpy array is not copied).
+
+    The bytes are written lazily: the pages a large `free` pushes keep reading 1 until the next
+    check needs them (`_settle`), and those taken back off the stack before then are never written
+    at all (an eviction's pages are mostly re-allocated at once). Every check reads settled bytes,
+    so every double free is still caught; it costs one sort and one gather per freed page.
     """
 
     def __init__(self, num_slots: int, page_size: int = 1) -> None:
@@ -37,6 +41,7 @@ class KVSlotAllocator:
         self.num_pages: int = num_slots // page_size
         self._stack = np.empty(0, dtype=SLOT_DTYPE)   # free pages; the top is _stack[_top - 1]
         self._top = 0
+        self._settled_top = 0     # _stack[_settled_top:_top]: free pages whose byte still reads 1
         self._fresh_page = 0
         self._page_allocated = np.zeros(self.num_pages, dtype=np.uint8)
         self.reset()
@@ -62,6 +67,7 @@ class KVSlotAllocator:
     def is_allocated(self, slot: int) -> bool:
         """Whether the page holding `slot` is allocated. ValueError if out of range."""
         self._check_range(slot, slot)
+        self._settle()
         return bool(self._page_allocated[slot // self.page_size])
 
     # -- allocation -------------------------------------------------------------------
@@ -124,17 +130,23 @@ class KVSlotAllocator:
 
     def _take_pages(self, num_pages: int) -> np.ndarray:
         """Pop `num_pages` pages off the stack (the top first), then off the never-used range,
-        and mark them allocated. Returns them as a fresh int32 array."""
+        and mark them allocated (pages whose byte still reads 1 need no write). Returns them as a
+        fresh int32 array."""
         top = self._top
         from_stack = min(num_pages, top)
+        low = top - from_stack
         fresh = num_pages - from_stack
         pages = np.empty(num_pages, dtype=SLOT_DTYPE)
-        pages[:from_stack] = self._stack[top - from_stack:top][::-1]
+        pages[:from_stack] = self._stack[low:top][::-1]
+        if low < self._settled_top:                  # pages freed and settled before: bytes back to 1
+            self._page_allocated[self._stack[low:self._settled_top]] = 1
+            self._settled_top = low
         if fresh:
-            pages[from_stack:] = np.arange(self._fresh_page, self._fresh_page + fresh, dtype=SLOT_DTYPE)
-        self._page_allocated[pages] = 1
-        self._top = top - from_stack
-        self._fresh_page += fresh
+            start = self._fresh_page
+            pages[from_stack:] = np.arange(start, start + fresh, dtype=SLOT_DTYPE)
+            self._page_allocated[start:start + fresh] = 1
+            self._fresh_page += fresh
+        self._top = low
         return pages
 
     # -- release ----------------------------------------------------------------------
@@ -152,27 +164,28 @@ class KVSlotAllocator:
                 self._free_small(slots)
                 return
             index = np.fromiter(slots, dtype=np.int64, count=len(slots))
-        self._check_range(int(index.min()), int(index.max()))
         ps = self.page_size
         if ps == 1:
             pages = index
-            steps = np.diff(pages)           # strictly monotonic (the usual case) has no repeats
-            repeated = not (steps.min() > 0 or steps.max() < 0) and bool((np.diff(np.sort(pages)) == 0).any())
+            ordered = np.sort(pages)                         # range and repeats from one sort
+            self._check_range(int(ordered[0]), int(ordered[-1]))
+            repeated = bool((ordered[1:] == ordered[:-1]).any())
         else:
+            self._check_range(int(index.min()), int(index.max()))
             raw = index // ps
             _, first = np.unique(raw, return_index=True)
             pages = raw[np.sort(first)]                      # distinct, in the order first named
             repeated = False
-        allocated = self._page_allocated
-        if repeated or not allocated[pages].all():
+        self._settle()
+        if repeated or not self._page_allocated.take(pages).all():
             self._raise_double_free(pages.tolist())
-        allocated[pages] = 0
-        self._push(pages)
+        self._push(pages)                                    # their bytes settle lazily
 
     def _free_small(self, slots: list[int]) -> None:
         if not slots:
             return
         self._check_range(min(slots), max(slots))
+        self._settle()
         ps = self.page_size
         pages = slots if ps == 1 else list(dict.fromkeys(slot // ps for slot in slots))
         allocated = self._page_allocated
@@ -183,6 +196,13 @@ class KVSlotAllocator:
                 self._raise_double_free(pages)
             allocated[page] = 0
         self._push(np.array(pages, dtype=SLOT_DTYPE))
+        self._settled_top = self._top                        # written already
+
+    def _settle(self) -> None:
+        """Write 0 to the bytes of the free pages that still read 1 (every check reads bytes)."""
+        if self._settled_top < self._top:
+            self._page_allocated[self._stack[self._settled_top:self._top]] = 0
+            self._settled_top = self._top
 
     def _push(self, pages: np.ndarray) -> None:
         """Put freed pages on the stack so that they come back out in the order given."""
@@ -207,6 +227,7 @@ class KVSlotAllocator:
         """Free everything; the next allocations come out in ascending order again."""
         self._stack = np.empty(0, dtype=SLOT_DTYPE)
         self._top = 0
+        self._settled_top = 0
         self._fresh_page = 0
         self._page_allocated = np.zeros(self.num_pages, dtype=np.uint8)
 

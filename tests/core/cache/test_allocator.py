@@ -1,6 +1,8 @@
 """KVSlotAllocator: paging arithmetic, page continuation, all-or-nothing failures, double frees."""
 from __future__ import annotations
 
+import random
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -181,3 +183,66 @@ def test_repeated_slots_of_one_page_are_not_a_double_free() -> None:
     slots = allocator.allocate(0, 4 * 200, None)
     allocator.free(slots + slots[::4])                                  # every page named several times
     assert allocator.num_free_slots == allocator.capacity_slots
+
+
+class _ReferenceAllocator:
+    """page_size 1, one page at a time: a list as the free stack (the top last), the never-used
+    range above it, a set of allocated pages."""
+
+    def __init__(self) -> None:
+        self.stack: list[int] = []
+        self.fresh = 0
+        self.allocated: set[int] = set()
+
+    def allocate(self, num: int) -> list[int]:
+        out = []
+        for _ in range(num):
+            if self.stack:
+                out.append(self.stack.pop())
+            else:
+                out.append(self.fresh)
+                self.fresh += 1
+        self.allocated.update(out)
+        return out
+
+    def free(self, slots: list[int]) -> None:
+        self.allocated.difference_update(slots)
+        self.stack.extend(reversed(slots))
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["alloc", "free", "refree", "repeat", "check"]),
+                              st.integers(0, 200), st.integers(0, 10**6)), max_size=30))
+def test_lazily_written_bytes_catch_every_double_free(ops: list[tuple[str, int, int]]) -> None:
+    """Frees of many pages leave their bytes to be written later; a page freed again before or
+    after it was taken back (by a small or a large call, or named twice in one call) is still a
+    double free that frees nothing, and slots come out as from a plain LIFO stack."""
+    allocator, reference = KVSlotAllocator(512), _ReferenceAllocator()
+    held: list[int] = []
+    freed: list[int] = []
+    for kind, num, seed in ops:
+        rng = random.Random(seed)
+        if kind == "alloc":
+            num = min(num, allocator.num_free_slots)
+            got = allocator.allocate(0, num, None)
+            assert got == reference.allocate(num)
+            held += got
+        elif kind == "free" and held:
+            rng.shuffle(held)
+            chunk, held = held[:num], held[num:]
+            allocator.free(chunk)
+            reference.free(chunk)
+            freed = chunk
+        elif kind == "refree" and freed and freed[0] not in held or kind == "repeat" and held:
+            rng.shuffle(held)
+            extra = freed[:1] if kind == "refree" else held[:1]
+            before = allocator.num_free_slots
+            with pytest.raises(ValueError, match="double free"):
+                allocator.free(held[:max(num, 1)] + extra)
+            assert allocator.num_free_slots == before
+        elif kind == "check":
+            for slot in rng.sample(range(512), 20):
+                assert allocator.is_allocated(slot) == (slot in reference.allocated)
+        assert allocator.num_free_slots == 512 - len(reference.allocated)
+    assert all(allocator.is_allocated(s) for s in held)
+    assert allocator.allocate(0, allocator.num_free_slots, None) == reference.allocate(512 - len(reference.allocated))
