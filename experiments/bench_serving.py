@@ -32,6 +32,7 @@ import pandas as pd
 from hydra.utils import instantiate
 
 from experiments.compose import compose_config
+from experiments.http_stream_client import HTTPError, StreamClient
 from experiments.workloads.arrivals import gamma_arrivals_s, rng_for
 from runtime.core.records import REQUEST_COLUMNS, STEP_COLUMNS
 from runtime.core.request import RequestSpec
@@ -112,52 +113,124 @@ def settle(out: Outcome) -> None:
         del out.token_times_s[out.completion_tokens:]
 
 
-async def send_one(client: httpx.AsyncClient, backend: str, spec: RequestSpec, model: str, tokenizer,
+async def send_one(client: StreamClient, backend: str, spec: RequestSpec, path: str, body: bytes,
                    origin: float) -> Outcome:
-    path, body = request_body(backend, spec, model, tokenizer)
     out = Outcome(spec, time.perf_counter() - origin)
+    response = None
     try:
-        async with client.stream("POST", path, json=body) as r:
-            if r.status_code != 200:
-                out.error = f"HTTP {r.status_code}: {(await r.aread())[:300]!r}"
-                return out
-            async for line in r.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == "[DONE]":
-                    break
-                on_chunk(backend, json.loads(payload), out, time.perf_counter() - origin)
+        response = await client.post(path, body)
+        if response.status != 200:
+            out.error = f"HTTP {response.status}: {(await response.read())[:300]!r}"
+            return out
+        async for line in response.lines():
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                continue                                   # read the body to its end: the connection is kept
+            on_chunk(backend, json.loads(payload), out, time.perf_counter() - origin)
         out.finish_s = time.perf_counter() - origin
         settle(out)
-    except (httpx.HTTPError, ValueError, KeyError) as err:
+    except (HTTPError, OSError, asyncio.IncompleteReadError, ValueError, KeyError) as err:
         out.error = f"{type(err).__name__}: {err}"
+    finally:
+        if response is not None:
+            response.release()
     return out
 
 
-async def run_load(url: str, backend: str, specs: list[RequestSpec], max_concurrency: int | None,
-                   model: str, tokenizer, progress: bool) -> tuple[list[Outcome], float]:
-    """Send every spec at its arrival_s (seconds after the start), at most `max_concurrency` at once."""
-    limit = asyncio.Semaphore(max_concurrency or len(specs) or 1)
-    limits = httpx.Limits(max_connections=max_concurrency or max(len(specs), 1), max_keepalive_connections=None)
-    async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(None), limits=limits) as client:
+async def send_all(url: str, backend: str, jobs: list[tuple[RequestSpec, str, bytes]], max_concurrency: int | None,
+                   origin: float, progress: bool) -> list[Outcome]:
+    """Send every job (spec, path, body) at its spec's arrival_s after `origin` (a perf_counter
+    reading), at most `max_concurrency` at once."""
+    limit = asyncio.Semaphore(max_concurrency or len(jobs) or 1)
+    client = StreamClient(url)
+    done = 0
+
+    async def one(spec: RequestSpec, path: str, body: bytes) -> Outcome:
+        nonlocal done
+        delay = spec.arrival_s - (time.perf_counter() - origin)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        async with limit:
+            out = await send_one(client, backend, spec, path, body, origin)
+        done += 1
+        if progress and (done % max(1, len(jobs) // 20) == 0 or done == len(jobs)):
+            print(f"  {done}/{len(jobs)} requests done", file=sys.stderr, flush=True)
+        return out
+
+    try:
+        return list(await asyncio.gather(*(one(*job) for job in jobs)))
+    finally:
+        await client.aclose()
+
+
+def run_event_loop(coro):
+    """uvloop when it is installed (as the server uses it), else asyncio's own loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+def _client_process(url: str, backend: str, jobs: list, max_concurrency: int | None, ready, start, results) -> None:
+    """One of several client processes: its share of the jobs on the shared clock origin."""
+    ready.set()
+    start.wait()
+    results.put(run_event_loop(send_all(url, backend, jobs, max_concurrency, start.origin_s(), False)))
+
+
+class _Start:
+    """The moment every client process starts sending from (a perf_counter reading, the same clock in
+    every process on Linux)."""
+
+    def __init__(self, ctx) -> None:
+        self._event, self._origin = ctx.Event(), ctx.Value("d", 0.0)
+
+    def go(self, origin_s: float) -> None:
+        self._origin.value = origin_s
+        self._event.set()
+
+    def wait(self) -> None:
+        self._event.wait()
+
+    def origin_s(self) -> float:
+        return self._origin.value
+
+
+def run_load(url: str, backend: str, specs: list[RequestSpec], max_concurrency: int | None, model: str, tokenizer,
+             progress: bool, processes: int = 1) -> tuple[list[Outcome], float]:
+    """Send every spec at its arrival_s (seconds after the start); `processes` > 1 deals the requests
+    round-robin to that many client processes (each with max_concurrency / processes at once)."""
+    jobs = []
+    for spec in specs:                                     # bodies are encoded before the clock starts
+        path, body = request_body(backend, spec, model, tokenizer)
+        jobs.append((spec, path, json.dumps(body).encode()))
+    if processes <= 1:
         origin = time.perf_counter()
-        done = 0
+        outcomes = run_event_loop(send_all(url, backend, jobs, max_concurrency, origin, progress))
+        return outcomes, time.perf_counter() - origin
+    import multiprocessing as mp
 
-        async def one(spec: RequestSpec) -> Outcome:
-            nonlocal done
-            delay = spec.arrival_s - (time.perf_counter() - origin)
-            if delay > 0:
-                await asyncio.sleep(delay)
-            async with limit:
-                out = await send_one(client, backend, spec, model, tokenizer, origin)
-            done += 1
-            if progress and (done % max(1, len(specs) // 20) == 0 or done == len(specs)):
-                print(f"  {done}/{len(specs)} requests done", file=sys.stderr, flush=True)
-            return out
-
-        outcomes = await asyncio.gather(*(one(s) for s in specs))
-        return list(outcomes), time.perf_counter() - origin
+    ctx = mp.get_context("spawn")
+    start, results = _Start(ctx), ctx.Queue()
+    share = None if max_concurrency is None else max(1, math.ceil(max_concurrency / processes))
+    workers = []
+    for k in range(processes):
+        ready = ctx.Event()
+        worker = ctx.Process(target=_client_process, args=(url, backend, jobs[k::processes], share, ready, start,
+                                                           results), daemon=True)
+        worker.start()
+        workers.append((worker, ready))
+    for worker, ready in workers:
+        ready.wait()
+    origin = time.perf_counter() + 0.05
+    start.go(origin)
+    outcomes = [o for _ in workers for o in results.get()]
+    for worker, _ in workers:
+        worker.join()
+    return outcomes, time.perf_counter() - origin
 
 
 # -- records -------------------------------------------------------------------------------------
@@ -258,6 +331,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", default=None, help="output directory (default outputs/bench_serving/<time>)")
     parser.add_argument("--flush-cache", action="store_true",
                         help="POST /flush_cache first (a cold radix cache, as a fresh mode=real run has)")
+    parser.add_argument("--client-processes", type=int, default=1,
+                        help="client processes sending the requests (dealt round-robin); more than one when a "
+                             "single process cannot keep up with the streams")
     parser.add_argument("--quiet", action="store_true")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides (workload=..., model=..., ...)")
     args = parser.parse_args(argv)
@@ -281,8 +357,8 @@ def main(argv: list[str] | None = None) -> dict:
         if args.flush_cache:
             httpx.post(f"{url}/flush_cache", timeout=60).raise_for_status()
         wall = time.perf_counter()
-        outcomes, duration_s = asyncio.run(run_load(url, args.backend, specs, args.max_concurrency, model,
-                                                    tokenizer, not args.quiet))
+        outcomes, duration_s = run_load(url, args.backend, specs, args.max_concurrency, model, tokenizer,
+                                        not args.quiet, args.client_processes)
         wall_s = time.perf_counter() - wall
         server_summary = dump_server_records(url, out_dir, [s.rid for s in specs])
 
@@ -292,6 +368,7 @@ def main(argv: list[str] | None = None) -> dict:
     errors = [o.error for o in outcomes if o.error]
     rate = args.request_rate if args.request_rate is not None else cfg.workload.get("request_rate")
     summary.update(url=url if args.url else "launched", backend=args.backend, model=model,
+                   client_processes=args.client_processes,
                    request_rate=None if rate is None or (isinstance(rate, float) and math.isinf(rate)) else rate,
                    burstiness=args.burstiness, max_concurrency=args.max_concurrency, overrides=list(args.overrides),
                    num_errors=len(errors), first_errors=errors[:5], send_duration_s=duration_s,

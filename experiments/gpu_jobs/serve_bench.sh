@@ -2,8 +2,10 @@
 # One device call: `python run.py mode=serve` (DeepSeek-V2-Lite, plain defaults) measured by
 # experiments/bench_serving.py at three request rates, then the same workload replayed by mode=real
 # (one runner, experiments/bench_real_serving.py --rates) for the HTTP-overhead comparison
-# (SKIP_REPLAY=1 skips it). The server's dependencies (fastapi, uvicorn, pyzmq, prometheus_client)
-# must be among the carried wheels: pip download them for cp312 manylinux into .whl/.
+# (SKIP_REPLAY=1 skips it). The server's dependencies (fastapi, uvicorn, uvloop, httptools, pyzmq,
+# prometheus_client) must be among the carried wheels: pip download them for cp312 manylinux into .whl/.
+# Besides the summaries, OUT gets each rate's server-side step records and the replay's, so that the
+# step times and the gaps between steps of the two can be compared.
 #   bash experiments/gpu_jobs/serve_bench.sh OUT
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl 2>/dev/null || exit 1
@@ -11,15 +13,21 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 OUT=${1:-/tmp/out}; WORK=/tmp/serve_bench; mkdir -p "$OUT" "$WORK"
 W="workload=random workload.input_len=1024 workload.output_len=256 workload.range_ratio=0.5 workload.num_requests=600"
 RATES="16 48 96"
+CLIENTS=${CLIENTS:-4}           # client processes: one alone falls behind hundreds of streams
+python3 -c "import uvloop, httptools" 2>/dev/null || echo "WARNING: uvloop/httptools missing: the server runs on asyncio + h11"
 python run.py mode=serve progress=false hydra.run.dir=$WORK/server > $WORK/serve.log 2>&1 & S=$!
 for _ in $(seq 120); do curl -sf localhost:30000/health >/dev/null && break; sleep 2; done
+grep -m1 "serving" $WORK/serve.log
 for r in $RATES; do
-  python experiments/bench_serving.py --url http://127.0.0.1:30000 --flush-cache --out $WORK/bench/rate_$r $W workload.request_rate=$r 2>&1 | tail -4
+  python experiments/bench_serving.py --url http://127.0.0.1:30000 --flush-cache --client-processes $CLIENTS \
+    --out $WORK/bench/rate_$r $W workload.request_rate=$r 2>&1 | tail -4
   cp $WORK/bench/rate_$r/summary.json $OUT/serve_rate_$r.json
+  cp $WORK/bench/rate_$r/server/steps.parquet $OUT/serve_rate_${r}_steps.parquet 2>/dev/null
 done
 kill -INT $S; wait $S
 if [ -z "${SKIP_REPLAY:-}" ]; then
   python experiments/bench_real_serving.py --out $WORK/replay --rates $RATES --workload $W 2>&1 | grep -v "capture decode" | tail -12
   cp $WORK/replay/serving.csv $OUT/replay_serving.csv
+  for r in $RATES; do cp $WORK/replay/rate_$r/steps.parquet $OUT/replay_rate_${r}_steps.parquet 2>/dev/null; done
 fi
 tail -5 $WORK/serve.log

@@ -26,6 +26,16 @@ class Detokenizer:
     def handle(self, batch: BatchOutput) -> BatchText:
         return BatchText([self._one(out) for out in batch.outputs], batch.stats)
 
+    def handle_parts(self, batch: BatchOutput) -> list[BatchText]:
+        """`handle` in two messages when the batch starts with requests' first outputs (the scheduler
+        puts them first) and has others: the first tokens travel on before the rest is decoded."""
+        outs = batch.outputs
+        num_first = next((i for i, out in enumerate(outs) if out.detok is None), len(outs))
+        if num_first in (0, len(outs)):
+            return [self.handle(batch)]
+        return [BatchText([self._one(out) for out in outs[:num_first]]),
+                BatchText([self._one(out) for out in outs[num_first:]], batch.stats)]
+
     def _one(self, out: RequestOutput) -> TextOutput:
         state = self._states.get(out.rid)
         if state is None:
@@ -65,7 +75,8 @@ def run_detokenizer(addresses: Addresses, tokenizer_path: str | None, vocab_size
                     return
                 continue
             msg = pull.recv_pyobj()
-            push.send_pyobj(detok.handle(msg) if isinstance(msg, BatchOutput) else msg)
+            for out in detok.handle_parts(msg) if isinstance(msg, BatchOutput) else (msg,):
+                push.send_pyobj(out)
             if isinstance(msg, ControlReply) and msg.kind == "shutdown":
                 return
     finally:

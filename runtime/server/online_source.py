@@ -60,6 +60,7 @@ class OnlineSource:
         self.shutdown: ControlReq | None = None
         self.prompt_tokens_total = self.cached_tokens_total = 0
         self._aborts: list[str] = []
+        self._first_outputs: list[RequestOutput] = []    # requests' first outputs: sent ahead of the rest
         self._outputs: list[RequestOutput] = []
         self._clock_offset_s: float | None = None         # clock() - driver time
 
@@ -151,9 +152,11 @@ class OnlineSource:
 
     # -- outputs --------------------------------------------------------------------------------
     def flush(self) -> None:
-        """Send the outputs gathered since the last flush, with the scheduler's gauges."""
-        if self._outputs:
-            outs, self._outputs = self._outputs, []
+        """Send the outputs gathered since the last flush in one message, with the scheduler's gauges;
+        requests' first outputs lead (time to first token is what waits on them)."""
+        if self._first_outputs or self._outputs:
+            outs = self._first_outputs + self._outputs
+            self._first_outputs, self._outputs = [], []
             self.push.send_pyobj(BatchOutput(outs, self.stats()))
 
     def stats(self) -> SchedulerStats:
@@ -171,7 +174,8 @@ class OnlineSource:
         logprobs = None
         if t.logprobs is not None:            # the entries of the tokens just taken (num_sent counts them)
             logprobs = [t.logprobs.pop(i) for i in range(t.num_sent - len(token_ids), t.num_sent)]
-        self._outputs.append(RequestOutput(t.request.rid, token_ids, finish, detok, logprobs))
+        out = RequestOutput(t.request.rid, token_ids, finish, detok, logprobs)
+        (self._outputs if detok is None else self._first_outputs).append(out)
 
     def _take_new_tokens(self, t: _Tracked) -> list[int]:
         """Output tokens not sent yet; with stop strings, only those up to the one completing a stop.

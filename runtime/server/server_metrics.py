@@ -35,7 +35,8 @@ class ServerMetrics:
         self.cache_hit_rate = gauge("twinserve_cache_hit_rate", "Cached / prompt tokens of admitted requests")
 
     def on_tokens(self, arrival_s: float, prev_token_s: float | None, now_s: float, num_tokens: int) -> None:
-        """Tokens delivered at `now_s` (clock seconds): the first gap is TTFT or ITL, the rest are 0."""
+        """One request's tokens delivered at `now_s` (clock seconds): the first gap is TTFT or ITL, the
+        rest are 0. The generated-token counter is counted per batch (`on_batch`)."""
         if num_tokens <= 0:
             return
         if prev_token_s is None:
@@ -44,7 +45,10 @@ class ServerMetrics:
             self.itl.observe(now_s - prev_token_s)
         for _ in range(num_tokens - 1):
             self.itl.observe(0.0)
-        self.generation_tokens.inc(num_tokens)
+
+    def on_batch(self, num_tokens: int) -> None:
+        if num_tokens:
+            self.generation_tokens.inc(num_tokens)
 
     def on_finish(self, finish: Finish, arrival_s: float, now_s: float) -> None:
         self.finished.labels(reason=finish.reason).inc()

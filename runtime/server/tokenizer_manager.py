@@ -121,12 +121,15 @@ class TokenizerManager:
                     future.set_result(msg)
 
     def _dispatch(self, batch: BatchText, now_s: float) -> None:
+        """Hand each output to its request's handler; handlers wake in the batch's order."""
+        num_tokens = 0
         for out in batch.outputs:
             state = self.states.get(out.rid)
             if state is None:
                 continue                                   # aborted by its client
-            self.metrics.on_tokens(state.arrival_s, state.last_token_s, now_s, len(out.token_ids))
             if out.token_ids:
+                num_tokens += len(out.token_ids)
+                self.metrics.on_tokens(state.arrival_s, state.last_token_s, now_s, len(out.token_ids))
                 state.last_token_s = now_s
             state.pending.append(out)
             if out.finish is not None:
@@ -134,6 +137,7 @@ class TokenizerManager:
                 self.metrics.on_finish(out.finish, state.arrival_s, now_s)
                 del self.states[out.rid]
             state.event.set()
+        self.metrics.on_batch(num_tokens)
         if batch.stats is not None:
             self.last_stats = batch.stats
             self.metrics.on_stats(batch.stats)

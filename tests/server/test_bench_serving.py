@@ -40,3 +40,14 @@ def test_bench_launches_and_stops_its_own_server(tmp_path):
     assert summary["num_finished"] == 8 and summary["server_summary"]["num_finished"] == 8
     _, _, served = read_run(tmp_path / "server_run")                             # written at its shutdown
     assert served["mode"] == "serve" and served["num_finished"] == 8
+
+
+def test_bench_with_several_client_processes(server, tmp_path):
+    summary = bench_serving.main(["--url", server.url, "--client-processes", "2", "--out", str(tmp_path), "--quiet",
+                                  "--flush-cache", *WORKLOAD, "workload.num_requests=10"])
+    requests, _, _ = read_run(tmp_path)
+    assert summary["num_errors"] == 0 and summary["num_finished"] == 10 and summary["client_processes"] == 2
+    assert sorted(requests["rid"]) == sorted(s.rid for s in bench_serving.instantiate(
+        bench_serving.compose_config(WORKLOAD + ["workload.num_requests=10"]).workload).requests())
+    assert all(len(t) == n for t, n in zip(requests["token_times_s"], requests["output_tokens"]))
+    assert requests["arrival_s"].min() >= 0 and requests["arrival_s"].max() < summary["duration_s"]

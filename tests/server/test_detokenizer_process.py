@@ -35,3 +35,16 @@ def test_stop_string_is_trimmed_even_across_outputs():
     out2 = detok.handle(BatchOutput([RequestOutput("r", TOK.encode("OP now", add_special_tokens=False),
                                                    finish(8, "stop"))])).outputs[0]
     assert out1.text == "go " and out2.text == ""
+
+
+def test_first_outputs_travel_ahead_in_a_message_of_their_own():
+    detok = Detokenizer(TOK)
+    x, y = TOK.encode("x", add_special_tokens=False), TOK.encode("y", add_special_tokens=False)
+    (alone,) = detok.handle_parts(BatchOutput([RequestOutput("old", x, detok=DetokSpec([65]))], "stats"))
+    assert [o.text for o in alone.outputs] == ["x"] and alone.stats == "stats"
+    first, rest = detok.handle_parts(BatchOutput([RequestOutput("new", y, detok=DetokSpec([66])),
+                                                  RequestOutput("old", y)], "stats"))
+    assert [(o.rid, o.text) for o in first.outputs] == [("new", "y")] and first.stats is None
+    assert [(o.rid, o.text) for o in rest.outputs] == [("old", "y")] and rest.stats == "stats"
+    (only_running,) = detok.handle_parts(BatchOutput([RequestOutput("old", x), RequestOutput("new", x)]))
+    assert [o.text for o in only_running.outputs] == ["x", "x"]

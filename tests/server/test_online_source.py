@@ -146,3 +146,47 @@ def test_logprobs_travel_with_their_tokens_and_stop_at_the_stop_string(tmp_path)
         assert [p.sampled.logprob for p in positions] == [-(i + 1.0) for i in range(num_tokens)]
         assert all(p.top[0].token_id == p.sampled.token_id for p in positions)
     assert h.source.tracked == {}
+
+
+def test_first_outputs_lead_their_batch_and_the_batch_pickles_as_rows(tmp_path):
+    """A request's first output goes ahead of the running requests' outputs in the one message of an
+    iteration (time to first token waits on it), and the message survives pickling."""
+    import pickle
+
+    ctx = zmq.Context()
+    try:
+        pull, push, sink, sender = (ctx.socket(kind) for kind in (zmq.PULL, zmq.PUSH, zmq.PULL, zmq.PUSH))
+        pull.bind("inproc://in")
+        sink.bind("inproc://out")
+        push.connect("inproc://out")
+        sender.connect("inproc://in")
+        core = build_core(compose_config(["model=tiny_mla_moe", "hardware=cpu", "kv.capacity_tokens=4096"]))
+        source = OnlineSource(pull, push, core.scheduler, ByteTokenizer(512), control=None)
+        sampling = SamplingParams(max_new_tokens=8, ignore_eos=True)
+
+        def admit(rid):
+            sender.send_pyobj(TokenizedRequest(rid, [1, 2, 3], sampling, 0.0, DetokSpec([3])))
+            assert pull.poll(5000)
+            (req,) = source.poll(0.0)
+            return req
+
+        def emit(req, token):
+            req.output_ids.append(token)
+            req.token_times_s.append(0.0)
+
+        old = admit("old")
+        emit(old, 65)
+        source.on_tokens([old], 0.0)
+        source.flush()
+        assert [o.rid for o in sink.recv_pyobj().outputs] == ["old"]
+        new = admit("new")
+        emit(old, 66)
+        emit(new, 67)
+        source.on_tokens([old, new], 0.0)                      # the batch's own order: old, then new
+        source.flush()
+        batch = pickle.loads(pickle.dumps(sink.recv_pyobj()))
+        assert [(o.rid, o.token_ids, o.detok is not None) for o in batch.outputs] == [("new", [67], True),
+                                                                                    ("old", [66], False)]
+        assert batch.outputs[0].detok.prompt_tail_ids == [3] and batch.stats.prompt_tokens_total == 6
+    finally:
+        ctx.destroy(linger=0)
