@@ -15,6 +15,7 @@ import simpy
 from tqdm import tqdm
 
 from runtime.core.batch import ForwardMode, StepPlan, StepResult
+from runtime.core.decode_runs import DecodeGroup
 from runtime.core.records import StepLog
 from runtime.core.request import Request, RequestSpec
 from runtime.core.scheduler import Scheduler
@@ -79,7 +80,7 @@ class _InFlight:
     result: StepResult | None
     start_s: float
     end_s: float
-    run_plan: StepPlan | None = None   # the tail of a coalesced run: recorded when it would resolve
+    run_group: DecodeGroup | None = None   # the tail of a coalesced run: recorded when it would resolve
     run_offset: int = 0
 
 
@@ -190,13 +191,13 @@ class SimDriver:
         for its first `num_steps` steps or fewer: priced up to three steps past the one whose end
         (at least `start_s` plus the GPU time so far) reaches the next arrival, where runs are cut."""
         groups = self.scheduler.decode_run_batches(plan, num_steps, overlap)
-        bounds = [first for first, _ in groups[1:]] + [num_steps]
+        bounds = [group.first_step for group in groups[1:]] + [num_steps]
         durations, hosts = [], []
         needed, until = num_steps, start_s
-        for (first, batch), end in zip(groups, bounds):   # a group's items are at the run's first step
+        for (first, batch, context), end in zip(groups, bounds):   # a group's items are at the run's first step
             if first >= needed:
                 break
-            step_s = self.executor.decode_durations_s(batch, end)[first:]
+            step_s = self.executor.decode_durations_s(batch, end, context)[first:]
             durations.append(step_s)
             if overlap:
                 hosts.append(np.full(end - first, self.executor.decode_host_s(batch)))
@@ -224,9 +225,9 @@ class SimDriver:
                     num_running: list[int], num_waiting: int) -> None:
         """Record steps 0 .. len(ends)-1 of a run, each with its own batch (`groups`) and the
         running count after it (a group's plan is at the run's first step: step j is its step j)."""
-        bounds = [first for first, _ in groups[1:]] + [len(ends)]
+        bounds = [group.first_step for group in groups[1:]] + [len(ends)]
         j, m = 0, len(ends)
-        for (_, batch), end in zip(groups, bounds):
+        for (_, batch, context), end in zip(groups, bounds):
             end = min(end, m)
             size = batch.batch_size
             while j < end:
@@ -234,7 +235,7 @@ class SimDriver:
                 while t < end - 1 and num_running[t] == size:
                     t += 1                                  # a record call: running == batch but at its last step
                 steps.record_decode_run(batch, starts[j:t + 1], ends[j:t + 1], used[j:t + 1], num_waiting,
-                                        num_running[t], step_offset=j)
+                                        num_running[t], step_offset=j, context_tokens=context)
                 j = t + 1
             if j >= m:
                 break
@@ -258,8 +259,10 @@ class SimDriver:
                     steps.record(last.plan, last.start_s, last.end_s, sched.kv.used_tokens(),
                                  len(sched.waiting), len(sched.running))
                 else:                                    # a run's tail: recorded as stepping would
-                    steps.record_decode_run(last.run_plan, [last.start_s], [last.end_s], [sched.kv.used_tokens()],
-                                            len(sched.waiting), len(sched.running), step_offset=last.run_offset)
+                    group = last.run_group
+                    steps.record_decode_run(group.plan, [last.start_s], [last.end_s], [sched.kv.used_tokens()],
+                                            len(sched.waiting), len(sched.running), step_offset=last.run_offset,
+                                            context_tokens=group.context_tokens)
                 last = None
 
         while True:
@@ -294,8 +297,8 @@ class SimDriver:
                     # a step is recorded when it resolves, after the next step's allocation (as stepping)
                     self._record_run(steps, groups, starts[:-1], ends[:-1], used[:-1], num_running[:-1],
                                      len(sched.waiting))
-                    batch = [g for g in groups if g[0] <= k - 1][-1][1]
-                    last = _InFlight(None, None, starts[-1], ends[-1], batch, k - 1)   # still running
+                    group = [g for g in groups if g.first_step <= k - 1][-1]
+                    last = _InFlight(None, None, starts[-1], ends[-1], group, k - 1)   # still running
                     ended = sched.pop_finished()       # all resolve before the next arrival (run_length)
                     done.extend(ended)
                     source.finished(ended)

@@ -37,8 +37,8 @@ def simulated_streams(specs: Sequence[RequestSpec], vocab_size: int, int_objects
     """`simulated_tokens(spec, 0, max_new_tokens)` of every spec, hashed in one vectorised pass."""
     knowns, lengths = [], []
     for spec in specs:
-        num_tokens = spec.sampling_params().max_new_tokens
-        knowns.append(list((spec.expected_output_ids or ())[:num_tokens]))
+        num_tokens = spec.output_len if spec.sampling is None else spec.sampling.max_new_tokens   # sampling_params()
+        knowns.append(list(spec.expected_output_ids[:num_tokens]) if spec.expected_output_ids else [])
         lengths.append(num_tokens)
     first = np.array([len(k) for k in knowns], dtype=np.int64)                         # [R]
     missing = np.array(lengths, dtype=np.int64) - first                               # [R]
@@ -119,9 +119,11 @@ class SimExecutor:
         n = len(plan.items)
         return self.cost_model.host_time_s(StepShape(num_decode_reqs=n, decode_context_tokens=n))
 
-    def decode_durations_s(self, plan: StepPlan, num_steps: int) -> np.ndarray:
+    def decode_durations_s(self, plan: StepPlan, num_steps: int, context_tokens: int | None = None) -> np.ndarray:
+        """Durations [num_steps] of decode steps of `plan`'s batch from its own on (`context_tokens`:
+        its items' context_tokens summed, when the caller has it)."""
         num_reqs = len(plan.items)
-        context0 = sum(it.context_tokens for it in plan.items)
+        context0 = sum(it.context_tokens for it in plan.items) if context_tokens is None else context_tokens
         context = context0 + num_reqs * np.arange(num_steps, dtype=np.int64)   # [k]
         return self.cost_model.decode_times_s(num_reqs, context)
 

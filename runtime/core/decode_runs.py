@@ -5,7 +5,7 @@ Must not import torch, simpy or time: times arrive as arguments.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -17,6 +17,15 @@ if TYPE_CHECKING:
     from runtime.core.scheduler import Scheduler
 
 
+class DecodeGroup(NamedTuple):
+    """The steps of a decode run from `first_step` (0-based) on, while its batch is `plan`'s items;
+    `context_tokens`: their decode context at the run's first step (sum of context_tokens)."""
+
+    first_step: int
+    plan: StepPlan
+    context_tokens: int
+
+
 class DecodeRuns:
     """Works on its scheduler's queues and KV: `bound` after a decode plan is made, `commit`
     instead of k commits. Between the two it remembers which later steps of the run would have
@@ -26,6 +35,7 @@ class DecodeRuns:
         self.sched = sched
         self._match_steps: np.ndarray = np.empty(0, dtype=np.int64)
         self._lefts: np.ndarray = np.empty(0, dtype=np.int64)   # tokens left per plan item (at `bound`)
+        self._contexts: np.ndarray = np.empty(0, dtype=np.int64)   # context_tokens per plan item (at `bound`)
 
     def bound(self, plan: StepPlan, max_steps: int, now: float, overlap: bool = False) -> int:
         """How many consecutive decode steps, starting with `plan`, provably make the same
@@ -42,12 +52,15 @@ class DecodeRuns:
             return 1
         if sched._abort_rids or sched.config.enable_mixed_chunk:
             return 1
-        lefts = []
-        for req in sched.running:
-            sampling = req.sampling
+        if len(plan.items) != len(sched.running):   # a decode plan holds the running batch, in order
+            return 1
+        lefts, contexts = [], []
+        for item in plan.items:
+            sampling = item.request.sampling
             if sampling.stop_token_ids and not sampling.ignore_eos:
                 return 1
-            lefts.append(sampling.max_new_tokens - len(req.output_ids))
+            lefts.append(sampling.max_new_tokens - len(item.request.output_ids))
+            contexts.append(item.num_prefix_tokens + 1)
         span = not sched.waiting and sched.kv.page_size == 1
         # overlap: one step more can be coalesced past the last finish (its request rides along,
         # dropped); the run then gives one step back (the step after it is planned before its end)
@@ -57,8 +70,8 @@ class DecodeRuns:
             k -= 1
         if k <= 1:
             return 1
-        self._lefts = np.array([it.request.sampling.max_new_tokens - len(it.request.output_ids)
-                                for it in plan.items], dtype=np.int64)                  # [n]
+        self._lefts = np.array(lefts, dtype=np.int64)                                   # [n]
+        self._contexts = np.array(contexts, dtype=np.int64)                             # [n]
         return k
 
     def _bound_without_finishes(self, k: int, now: float) -> int:
@@ -110,22 +123,28 @@ class DecodeRuns:
             k -= 1
         return k
 
-    def batches(self, plan: StepPlan, num_steps: int, overlap: bool) -> list[tuple[int, StepPlan]]:
+    def batches(self, plan: StepPlan, num_steps: int, overlap: bool) -> list[DecodeGroup]:
         """The run's steps grouped by batch: (first step, 0-based; a plan of `plan`'s items that
-        are still in the batch then). Request i with L_i tokens left decodes in steps 1..L_i and
-        (overlap) rides along in step L_i + 1, its token dropped, as stepping does. The groups'
-        plans keep `plan`'s step id and items (positions as of the run's first step): step j of
-        the run is step j of any of them. The first group's plan is `plan` itself."""
-        lefts = self._lefts if self._lefts.size else np.array(
-            [it.request.sampling.max_new_tokens - len(it.request.output_ids) for it in plan.items], dtype=np.int64)
+        are still in the batch then; their context tokens at the run's first step). Request i with
+        L_i tokens left decodes in steps 1..L_i and (overlap) rides along in step L_i + 1, its token
+        dropped, as stepping does. The groups' plans keep `plan`'s step id and items (positions as
+        of the run's first step): step j of the run is step j of any of them. The first group's
+        plan is `plan` itself."""
+        if self._lefts.size:
+            lefts, contexts = self._lefts, self._contexts
+        else:
+            lefts = np.array([it.request.sampling.max_new_tokens - len(it.request.output_ids)
+                              for it in plan.items], dtype=np.int64)
+            contexts = np.array([it.context_tokens for it in plan.items], dtype=np.int64)
         last_step = lefts + (1 if overlap else 0)           # [n] last step (1-based) with request i in it
-        cuts = sorted({int(s) for s in last_step if 1 <= s < num_steps})
-        groups: list[tuple[int, StepPlan]] = [(0, plan)]
+        cuts = np.unique(last_step[(last_step >= 1) & (last_step < num_steps)]).tolist()
+        groups = [DecodeGroup(0, plan, int(contexts.sum()))]
         items, lasts = plan.items, last_step.tolist()
         for s in cuts:                                      # the batch of steps s+1.. (0-based s)
             kept = [i for i, last in enumerate(lasts) if last > s]
             items, lasts = [items[i] for i in kept], [lasts[i] for i in kept]
-            groups.append((s, StepPlan(plan.step_id, ForwardMode.DECODE, items)))
+            groups.append(DecodeGroup(s, StepPlan(plan.step_id, ForwardMode.DECODE, items),
+                                      int(contexts[last_step > s].sum())))
         return groups
 
     def _admission_budget(self, max_steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -125,9 +125,14 @@ class KVManager:
         total = num_tokens * len(reqs)
         if not self.ensure_free_pages(total, now):
             raise MemoryError(f"KV pool exhausted allocating {total} slots for a decode run")
-        slots = self.allocator.allocate_slots(0, total, None)
-        for i, req in enumerate(reqs):
-            req.append_kv_slots(slots[i * num_tokens:(i + 1) * num_tokens])
+        rows = self.allocator.allocate_slots(0, total, None).reshape(len(reqs), num_tokens)   # [n, k]
+        for req, row in zip(reqs, rows):                     # Request.append_kv_slots, inlined
+            n = req.num_kv_slots
+            end = n + num_tokens
+            if end > req._slot_buf.size:
+                req._grow_slots(end)
+            req._slot_buf[n:end] = row
+            req.num_kv_slots = end
 
     # -- caching and release ----------------------------------------------------------
     def _aligned(self, num_tokens: int) -> int:

@@ -62,29 +62,34 @@ class StepLog:
 
     def record_decode_run(self, plan: StepPlan, start_s: Sequence[float], end_s: Sequence[float],
                           kv_tokens_used: Sequence[int], num_waiting: int, num_running: int,
-                          step_offset: int = 0) -> None:
+                          step_offset: int = 0, context_tokens: int | None = None) -> None:
         """`num_running`: after the last step (only the last step of a run can finish requests).
-        `step_offset`: the first recorded step is the run's step `step_offset` (0 = plan's own)."""
+        `step_offset`: the first recorded step is the run's step `step_offset` (0 = plan's own).
+        `context_tokens`: the plan's decode context, sum of num_prefix_tokens + 1 over its items
+        (summed here when not given)."""
         k = len(end_s)
+        n = len(plan.items)                      # a decode plan: every item decodes
         c = self.columns
         first = plan.step_id + step_offset
         c["step_id"].extend(range(first, first + k))
         c["start_s"].extend(start_s)
         c["end_s"].extend(end_s)
         c["mode"].extend([plan.mode.value] * k)
-        c["batch_size"].extend([plan.batch_size] * k)
+        c["batch_size"].extend([n] * k)
         c["num_prefill_tokens"].extend([0] * k)
-        c["num_decode_requests"].extend([plan.num_decode_requests] * k)
+        c["num_decode_requests"].extend([n] * k)
         c["num_cache_hit_tokens"].extend([0] * k)
         c["kv_tokens_used"].extend(kv_tokens_used)
         c["num_retractions"].extend([len(plan.retracted_rids) if step_offset == 0 else 0] + [0] * (k - 1))
         c["num_waiting"].extend([num_waiting] * k)
-        c["num_running"].extend([plan.batch_size] * (k - 1) + [num_running])   # finishes end a run
+        c["num_running"].extend([n] * (k - 1) + [num_running])   # finishes end a run
         c["extend_prefix_tokens"].extend([0] * k)
-        context0 = sum(it.num_prefix_tokens + 1 for it in plan.items)
-        n = len(plan.items)
+        context0 = sum(it.num_prefix_tokens + 1 for it in plan.items) if context_tokens is None else context_tokens
         c["decode_context_tokens"].extend(range(context0 + n * step_offset, context0 + n * (step_offset + k), n))
-        c["predicted_s"].extend(self._predicted(a, b, None) for a, b in zip(start_s, end_s))
+        if self.predicted_from_duration:
+            c["predicted_s"].extend([b - a for a, b in zip(start_s, end_s)])
+        else:
+            c["predicted_s"].extend([float("nan")] * k)
         if self.plan_signatures is not None:
             for j in range(step_offset, step_offset + k):
                 self.plan_signatures.append(tuple((it.request.rid, it.num_prefix_tokens + j, 1) for it in plan.items))

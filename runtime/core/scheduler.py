@@ -14,7 +14,7 @@ import itertools
 from runtime.core.admission import PrefillBudget
 from runtime.core.batch import ForwardMode, ScheduledItem, StepPlan, StepResult
 from runtime.core.cache.radix_cache import MatchResult
-from runtime.core.decode_runs import DecodeRuns
+from runtime.core.decode_runs import DecodeGroup, DecodeRuns
 from runtime.core.kv_manager import KVManager
 from runtime.core.policy.base import SchedulePolicy, effective_policy
 from runtime.core.request import FinishReason, Request, RequestStatus
@@ -368,7 +368,7 @@ class Scheduler:
         """The longest run <= `num_steps` that stepping would also make (DecodeRuns.run_length)."""
         return self._decode_runs.run_length(num_steps, end_s, next_arrival_s, overlap)
 
-    def decode_run_batches(self, plan: StepPlan, num_steps: int, overlap: bool) -> list[tuple[int, StepPlan]]:
+    def decode_run_batches(self, plan: StepPlan, num_steps: int, overlap: bool) -> list[DecodeGroup]:
         """The run's steps grouped by batch as requests finish inside it (DecodeRuns.batches)."""
         return self._decode_runs.batches(plan, num_steps, overlap)
 

@@ -177,7 +177,7 @@ class KVSlotAllocator:
             pages = raw[np.sort(first)]                      # distinct, in the order first named
             repeated = False
         self._settle()
-        if repeated or not self._page_allocated.take(pages).all():
+        if repeated or not self._page_allocated.take(pages, mode="clip").all():   # in range: checked
             self._raise_double_free(pages.tolist())
         self._push(pages)                                    # their bytes settle lazily
 
