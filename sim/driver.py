@@ -189,18 +189,20 @@ class SimDriver:
                    next_arrival: float | None):
         """The run's batches (Scheduler.decode_run_batches) and each step's duration and host share,
         for its first `num_steps` steps or fewer: priced up to three steps past the one whose end
-        (at least `start_s` plus the GPU time so far) reaches the next arrival, where runs are cut."""
-        groups = self.scheduler.decode_run_batches(plan, num_steps, overlap)
-        bounds = [group.first_step for group in groups[1:]] + [num_steps]
-        durations, hosts = [], []
+        (at least `start_s` plus the GPU time so far) reaches the next arrival, where runs are cut.
+        Only the batches of the priced steps are built and returned."""
+        batches = self.scheduler.decode_run_batches(plan, num_steps, overlap)
+        groups, durations, hosts = [], [], []
         needed, until = num_steps, start_s
-        for (first, batch, context), end in zip(groups, bounds):   # a group's items are at the run's first step
-            if first >= needed:
-                break
-            step_s = self.executor.decode_durations_s(batch, end, context)[first:]
+        group = next(batches)
+        while group is not None and group.first_step < needed:
+            following = next(batches, None)
+            first, end = group.first_step, following.first_step if following is not None else num_steps
+            step_s = self.executor.decode_durations_s(group.plan, end, group.context_tokens, first_step=first)
             durations.append(step_s)
+            groups.append(group)
             if overlap:
-                hosts.append(np.full(end - first, self.executor.decode_host_s(batch)))
+                hosts.append(np.full(end - first, self.executor.decode_host_s(group.plan)))
                 step_s = step_s - hosts[-1]
             if next_arrival is not None and needed == num_steps:
                 reach = np.cumsum(np.concatenate(([until], step_s)))[1:]   # a lower bound on the ends
@@ -208,6 +210,7 @@ class SimDriver:
                 if hit.size:
                     needed = min(num_steps, first + int(hit[0]) + 3)
                 until = float(reach[-1])
+            group = following
         durations = (np.concatenate(durations) if len(durations) > 1 else durations[0])[:needed]
         return groups, durations, (np.concatenate(hosts)[:needed] if overlap else None)
 

@@ -119,12 +119,14 @@ class SimExecutor:
         n = len(plan.items)
         return self.cost_model.host_time_s(StepShape(num_decode_reqs=n, decode_context_tokens=n))
 
-    def decode_durations_s(self, plan: StepPlan, num_steps: int, context_tokens: int | None = None) -> np.ndarray:
-        """Durations [num_steps] of decode steps of `plan`'s batch from its own on (`context_tokens`:
-        its items' context_tokens summed, when the caller has it)."""
+    def decode_durations_s(self, plan: StepPlan, num_steps: int, context_tokens: int | None = None,
+                           first_step: int = 0) -> np.ndarray:
+        """Durations [num_steps - first_step] of steps first_step .. num_steps-1 of a decode run of
+        `plan`'s batch from its own on (`context_tokens`: its items' context_tokens summed, when
+        the caller has it)."""
         num_reqs = len(plan.items)
         context0 = sum(it.context_tokens for it in plan.items) if context_tokens is None else context_tokens
-        context = context0 + num_reqs * np.arange(num_steps, dtype=np.int64)   # [k]
+        context = context0 + num_reqs * np.arange(first_step, num_steps, dtype=np.int64)   # [k]
         return self.cost_model.decode_times_s(num_reqs, context)
 
     def decode_tokens(self, plan: StepPlan, num_steps: int) -> list[list[int]]:

@@ -5,7 +5,7 @@ Must not import torch, simpy or time: times arrive as arguments.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Iterator, NamedTuple
 
 import numpy as np
 
@@ -123,13 +123,13 @@ class DecodeRuns:
             k -= 1
         return k
 
-    def batches(self, plan: StepPlan, num_steps: int, overlap: bool) -> list[DecodeGroup]:
-        """The run's steps grouped by batch: (first step, 0-based; a plan of `plan`'s items that
-        are still in the batch then; their context tokens at the run's first step). Request i with
-        L_i tokens left decodes in steps 1..L_i and (overlap) rides along in step L_i + 1, its token
-        dropped, as stepping does. The groups' plans keep `plan`'s step id and items (positions as
-        of the run's first step): step j of the run is step j of any of them. The first group's
-        plan is `plan` itself."""
+    def batches(self, plan: StepPlan, num_steps: int, overlap: bool) -> Iterator[DecodeGroup]:
+        """The run's steps grouped by batch, in order (lazily: a caller that stops early builds no
+        later group): (first step, 0-based; a plan of `plan`'s items that are still in the batch
+        then; their context tokens at the run's first step). Request i with L_i tokens left decodes
+        in steps 1..L_i and (overlap) rides along in step L_i + 1, its token dropped, as stepping
+        does. The groups' plans keep `plan`'s step id and items (positions as of the run's first
+        step): step j of the run is step j of any of them. The first group's plan is `plan` itself."""
         if self._lefts.size:
             lefts, contexts = self._lefts, self._contexts
         else:
@@ -138,14 +138,16 @@ class DecodeRuns:
             contexts = np.array([it.context_tokens for it in plan.items], dtype=np.int64)
         last_step = lefts + (1 if overlap else 0)           # [n] last step (1-based) with request i in it
         cuts = np.unique(last_step[(last_step >= 1) & (last_step < num_steps)]).tolist()
-        groups = [DecodeGroup(0, plan, int(contexts.sum()))]
+        return self._groups(plan, last_step, contexts, cuts)
+
+    @staticmethod
+    def _groups(plan: StepPlan, last_step: np.ndarray, contexts: np.ndarray, cuts: list[int]) -> Iterator[DecodeGroup]:
+        yield DecodeGroup(0, plan, int(contexts.sum()))
         items, lasts = plan.items, last_step.tolist()
         for s in cuts:                                      # the batch of steps s+1.. (0-based s)
             kept = [i for i, last in enumerate(lasts) if last > s]
             items, lasts = [items[i] for i in kept], [lasts[i] for i in kept]
-            groups.append(DecodeGroup(s, StepPlan(plan.step_id, ForwardMode.DECODE, items),
-                                      int(contexts[last_step > s].sum())))
-        return groups
+            yield DecodeGroup(s, StepPlan(plan.step_id, ForwardMode.DECODE, items), int(contexts[last_step > s].sum()))
 
     def _admission_budget(self, max_steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The PrefillBudget of each later step j = 1 .. max_steps-1 of a decode run when nothing

@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import itertools
+from typing import Iterator
 
 from runtime.core.admission import PrefillBudget
 from runtime.core.batch import ForwardMode, ScheduledItem, StepPlan, StepResult
@@ -368,8 +369,8 @@ class Scheduler:
         """The longest run <= `num_steps` that stepping would also make (DecodeRuns.run_length)."""
         return self._decode_runs.run_length(num_steps, end_s, next_arrival_s, overlap)
 
-    def decode_run_batches(self, plan: StepPlan, num_steps: int, overlap: bool) -> list[DecodeGroup]:
-        """The run's steps grouped by batch as requests finish inside it (DecodeRuns.batches)."""
+    def decode_run_batches(self, plan: StepPlan, num_steps: int, overlap: bool) -> Iterator[DecodeGroup]:
+        """The run's steps grouped by batch as requests finish inside it, lazily (DecodeRuns.batches)."""
         return self._decode_runs.batches(plan, num_steps, overlap)
 
     def commit_decode_run(self, plan: StepPlan, end_s: list[float], tokens: list[list[int]],
