@@ -13,7 +13,11 @@ host: only the leader copies tokens to its host. With dp > 1 the router (runtime
 requests are routed on the wall clock as they arrive, each replica reports requests that leave it
 (the router's load signal), and the replicas' records are merged with a `replica` column as in
 `mode=sim`. More than one node: `nnodes`, `node_rank`, `dist_init_addr` (each node spawns its share
-of the ranks; node 0 holds the leader and writes the records).
+of the ranks; node 0 holds the leader and writes the records). DP attention (`dp_attention=true`, MLA
+models): the dp replicas are attention ranks inside the tp GPUs, each led by its attention TP leader
+with the router in front as for dp; their leaders step in lockstep (runtime.distributed.lockstep) and
+the MLP/MoE runs over all tp GPUs on every rank's tokens (runtime.distributed.dp_attention). It runs
+eagerly: CUDA graphs are off (a captured graph would fix every rank's padded token count).
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ import pandas as pd
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from runtime.build import CoreComponents, build_core
+from runtime.build import CoreComponents, build_core, build_layout
 from runtime.core.request import RequestSpec
 from runtime.distributed.groups import RankInfo
 from runtime.distributed.launch import RankProcesses, free_port
@@ -57,8 +61,9 @@ def check_layout(core: CoreComponents, nnodes: int) -> None:
     layout = core.layout
     if layout.pp > 1:
         raise ValueError(f"pp={layout.pp}: pipeline parallelism runs in mode=sim only; mode=real takes tp, ep and dp")
-    if layout.dp_attention:
-        raise ValueError("dp_attention runs in mode=sim only for now; mode=real takes tp, ep and dp")
+    if layout.dp_attention and not core.model.is_mla:
+        raise ValueError(f"dp_attention in mode=real needs an MLA model (DeepSeek); {core.model.name} is not "
+                         "(mode=sim takes it)")
     if layout.dp > 1 and nnodes > 1:
         raise ValueError(f"dp={layout.dp} with nnodes={nnodes}: DP replicas run on one node for now")
 
@@ -66,7 +71,7 @@ def check_layout(core: CoreComponents, nnodes: int) -> None:
 def node_plan(cfg: DictConfig, core: CoreComponents) -> NodePlan:
     """Ranks of this node (`nnodes` split the world evenly), the rendezvous and the device: CUDA when
     `real.device` allows and this node has a GPU per local rank, else CPU with gloo."""
-    world = core.layout.tp * core.layout.dp
+    world = core.layout.num_gpus
     nnodes, node_rank = int(cfg.get("nnodes", 1)), int(cfg.get("node_rank", 0))
     if world % nnodes or not 0 <= node_rank < nnodes:
         raise ValueError(f"{world} ranks cannot be split over nnodes={nnodes} (node_rank={node_rank})")
@@ -86,11 +91,19 @@ def node_plan(cfg: DictConfig, core: CoreComponents) -> NodePlan:
     return NodePlan(world, node_rank * num_local, num_local, init_method, "gloo", "cpu")
 
 
+def dp_attention_active(layout) -> bool:
+    """DP attention with more than one attention rank (dp=1 with dp_attention is plain tp)."""
+    return layout.dp_attention and layout.dp > 1
+
+
 def resolved_config(cfg: DictConfig, out_dir: str | Path | None) -> dict:
-    """The config as plain data for the ranks (they have no Hydra context to resolve `${hydra:...}`)."""
+    """The config as plain data for the ranks (they have no Hydra context to resolve `${hydra:...}`).
+    DP attention runs eagerly: CUDA graphs off, and no decode batch priced as a graph replay."""
     cfg = cfg.copy()
     OmegaConf.set_struct(cfg, False)
     cfg.output_dir = str(out_dir) if out_dir is not None else str(cfg.output_dir)
+    if dp_attention_active(build_layout(cfg)):
+        cfg.real.cuda_graph, cfg.real.piecewise_cuda_graph, cfg.real.cuda_graph_max_bs = False, False, 0
     return OmegaConf.to_container(cfg, resolve=True)
 
 
@@ -105,7 +118,7 @@ def make_tasks(cfg: DictConfig, core: CoreComponents, plan: NodePlan, context, o
         local = rank - plan.first_rank
         device = f"cuda:{local}" if plan.device_type == "cuda" else "cpu"
         info = RankInfo(rank, plan.world_size, local, core.layout.tp, core.layout.ep, core.layout.dp,
-                        plan.init_method, plan.backend, device, timeout_s)
+                        plan.init_method, plan.backend, device, timeout_s, dp_attention_active(core.layout))
         inbox = context.Queue() if core.layout.dp > 1 and info.is_leader else None
         tasks.append(RankTask(info, data, out_queue, inbox, cpu_threads, collect_output_ids,
                               specs if core.layout.dp == 1 and info.is_leader else None))
@@ -231,22 +244,29 @@ def run_real_distributed(cfg: DictConfig, out_dir: str | Path | None = None) -> 
     dp = core_layout.dp
     requests, steps = merged_records(results, dp)
     summary = summarize(requests, steps, mode="real", wall_time_s=time.perf_counter() - wall_start)
-    facts = results[0].facts
+    facts = {k: v for k, v in results[0].facts.items() if k not in ("idle_steps", "lockstep_rounds")}
     summary.update(facts, leaked_kv_slots=sum(r.facts["leaked_kv_slots"] for r in results.values()),
                    load_time_s=max(r.facts["load_time_s"] for r in results.values()),
                    step_prediction_error=step_prediction_error(steps))
     summary["layout"] = {"tp": core_layout.tp, "ep": core_layout.ep, "dp": dp, "num_ranks": len(pids),
                          "nnodes": int(cfg.get("nnodes", 1))}
+    if core_layout.dp_attention:
+        summary["layout"]["dp_attention"] = True
     if dp > 1:
         summary["dp"] = {
-            "replicas": dp, "dp_attention": False, "num_gpus": core_layout.num_gpus,
+            "replicas": dp, "dp_attention": core_layout.dp_attention, "num_gpus": core_layout.num_gpus,
             "router": type(dispatcher.router).__name__,
             "requests_per_replica": requests.groupby("replica").size().reindex(range(dp), fill_value=0).tolist(),
             "steps_per_replica": steps.groupby("replica").size().reindex(range(dp), fill_value=0).tolist(),
         }
+        if dp_attention_active(core_layout):     # rounds every leader joined; idle: its MLP share only
+            summary["dp"]["idle_steps_per_replica"] = [results[r].facts["idle_steps"] for r in range(dp)]
+            summary["dp"]["lockstep_rounds"] = results[0].facts["lockstep_rounds"]
+            summary["dp"]["cuda_graph"] = False       # eager: graphs would fix the padded counts
     # the stall check ran on every leader (RealDriver.serve); leaked slots come summed from their facts
     publish(cfg, out_dir, requests, steps, summary,
-            note=f"tp={core_layout.tp} ep={core_layout.ep} dp={dp}: {len(pids)} ranks ({facts['device']} on rank 0)"
+            note=f"tp={core_layout.tp} ep={core_layout.ep} dp={dp}"
+                 f"{' dp_attention (eager)' if dp_attention_active(core_layout) else ''}: {len(pids)} ranks ({facts['device']} on rank 0)"
                  + (f"  router={summary['dp']['router']}  requests per replica {summary['dp']['requests_per_replica']}"
                     if dp > 1 else ""))
     return summary

@@ -2,6 +2,9 @@
 device backend (NCCL on GPU, gloo on CPU; the model's all-reduce and logits all-gather) and the same
 ranks on gloo for host messages (the step-plan broadcast), as SGLang keeps a CPU group beside each
 device group. Global rank = replica * tp + tp_rank; the TP leader (tp_rank 0) runs the scheduler.
+DP attention: the dp attention ranks split the tp GPUs (rank = attention rank * tp/dp + its rank in
+the attention TP group); each attention TP group gets the two groups above, the MLP gets one device
+group of all tp GPUs, and the attention ranks' leaders share a gloo group for their lockstep.
 """
 from __future__ import annotations
 
@@ -27,22 +30,39 @@ class RankInfo:
     backend: str                  # nccl | gloo
     device: str                   # cuda:<local_rank> | cpu
     timeout_s: float              # collectives that wait longer fail (a peer hung or died)
+    dp_attention: bool = False    # the dp ranks are attention ranks inside the tp GPUs (world = tp)
+
+    @property
+    def attention_tp(self) -> int:
+        """GPUs of one scheduling group: a replica's tp, or tp / dp under DP attention."""
+        return self.tp // self.dp if self.dp_attention else self.tp
 
     @property
     def replica(self) -> int:
-        return self.rank // self.tp
+        """The DP replica (under DP attention: the attention rank) this rank serves."""
+        return self.rank // self.attention_tp
 
     @property
     def tp_rank(self) -> int:
         return self.rank % self.tp
 
     @property
+    def attention_rank(self) -> int:
+        """Rank inside the scheduling group (equals tp_rank without DP attention)."""
+        return self.rank % self.attention_tp
+
+    @property
     def is_leader(self) -> bool:
-        return self.tp_rank == 0
+        return self.attention_rank == 0
 
     @property
     def leader_rank(self) -> int:
-        return self.replica * self.tp
+        return self.replica * self.attention_tp
+
+    def describe(self) -> str:
+        if self.dp_attention:
+            return f"tp rank {self.tp_rank}, attention rank {self.replica} of {self.dp}"
+        return f"tp rank {self.tp_rank} of replica {self.replica}"
 
 
 # newer torch's name for all_gather_into_tensor (the old one warns there)
@@ -65,15 +85,33 @@ class GroupComm:
         _all_gather_single(out, x.contiguous(), group=self.group)
         return out.view(self.size, rows, cols).permute(1, 0, 2).reshape(rows, self.size * cols)
 
+    def all_gather_rows(self, x: torch.Tensor) -> torch.Tensor:   # [n, H] -> [size * n, H], rank r's at r * n
+        out = torch.empty(self.size * x.shape[0], *x.shape[1:], dtype=x.dtype, device=x.device)
+        _all_gather_single(out, x.contiguous(), group=self.group)
+        return out
+
+    def reduce_scatter_rows(self, x: torch.Tensor) -> torch.Tensor:   # [size * n, H] -> [n, H]: rows r * n.. summed
+        out = torch.empty(x.shape[0] // self.size, *x.shape[1:], dtype=x.dtype, device=x.device)
+        _reduce_scatter_single(out, x.contiguous(), group=self.group)
+        return out
+
+
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
 
 @dataclass
 class RankGroups:
     info: RankInfo
-    device_group: dist.ProcessGroup     # the TP group on the device backend
-    cpu_group: dist.ProcessGroup        # the same ranks on gloo
+    device_group: dist.ProcessGroup | None   # the scheduling group (TP, or attention TP) on the device backend
+    cpu_group: dist.ProcessGroup | None      # the same ranks on gloo (None: a group of one)
+    mlp_group: dist.ProcessGroup | None = None      # DP attention: every tp rank, device backend
+    leaders_group: dist.ProcessGroup | None = None  # DP attention: the attention ranks' leaders, gloo
 
     def comm(self) -> GroupComm:
-        return GroupComm(self.device_group, self.info.tp)
+        return GroupComm(self.device_group, self.info.attention_tp)
+
+    def mlp_comm(self) -> GroupComm:
+        return GroupComm(self.mlp_group, self.info.tp)
 
 
 def init_rank_groups(info: RankInfo) -> RankGroups:
@@ -84,6 +122,8 @@ def init_rank_groups(info: RankInfo) -> RankGroups:
     timeout = datetime.timedelta(seconds=info.timeout_s)
     dist.init_process_group(info.backend, init_method=info.init_method, rank=info.rank,
                             world_size=info.world_size, timeout=timeout)
+    if info.dp_attention:
+        return _dp_attention_groups(info, timeout)
     mine = None
     for replica in range(info.dp):
         ranks = list(range(replica * info.tp, (replica + 1) * info.tp))
@@ -92,6 +132,23 @@ def init_rank_groups(info: RankInfo) -> RankGroups:
         if replica == info.replica:
             mine = RankGroups(info, device_group, cpu_group)
     return mine
+
+
+def _dp_attention_groups(info: RankInfo, timeout: datetime.timedelta) -> RankGroups:
+    """The MLP group (all tp ranks), each attention TP group (device and gloo; none for groups of one
+    GPU) and the leaders' gloo group, created in the same order on every rank."""
+    size = info.attention_tp
+    mlp_group = dist.new_group(list(range(info.tp)), backend=info.backend, timeout=timeout)
+    device_group = cpu_group = None
+    if size > 1:
+        for replica in range(info.dp):
+            ranks = list(range(replica * size, (replica + 1) * size))
+            device = dist.new_group(ranks, backend=info.backend, timeout=timeout)
+            cpu = dist.new_group(ranks, backend="gloo", timeout=timeout)
+            if replica == info.replica:
+                device_group, cpu_group = device, cpu
+    leaders_group = dist.new_group([r * size for r in range(info.dp)], backend="gloo", timeout=timeout)
+    return RankGroups(info, device_group, cpu_group, mlp_group, leaders_group)
 
 
 def destroy(timeout_s: float) -> bool:

@@ -140,7 +140,7 @@ class RankProcesses:
     def _message(self, culprit: int, codes: dict[int, int | None]) -> str:
         r = self.ranks[culprit]
         info = r.task.info
-        where = f"rank {culprit} of {info.world_size} (pid {r.process.pid}, tp rank {info.tp_rank} of replica {info.replica})"
+        where = f"rank {culprit} of {info.world_size} (pid {r.process.pid}, {info.describe()})"
         if r.error is not None:
             what = f"failed: {r.error[0]}: {r.error[1].splitlines()[0] if r.error[1] else ''}"
         else:

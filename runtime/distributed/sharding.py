@@ -26,6 +26,22 @@ class TPComm(Protocol):
         ...
 
 
+class TokenExchange(Protocol):
+    """DP attention (SGLang --enable-dp-attention): moves tokens between the attention ranks, which
+    each run attention on their own requests, and the MLP/MoE, which runs tensor-parallel over every
+    GPU on the tokens of all of them. Legend: n = this attention rank's tokens, D = attention ranks,
+    M = rows per rank after padding (the step's largest n, rounded up)."""
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        """[n, H] this rank's tokens -> [D * M, H] every rank's, rank d's at rows d * M (zero padded)."""
+        ...
+
+    def scatter(self, y: torch.Tensor, num_local: int) -> torch.Tensor:
+        """[D * M, H] this GPU's partial sums of the MLP over the gathered rows -> [num_local, H] this
+        rank's rows, summed over the TP group."""
+        ...
+
+
 @dataclass(frozen=True)
 class Piece:
     """One stacked part of a parameter along the split dim: its full size, cut into `pieces` equal
@@ -116,12 +132,19 @@ def _divide(size: int, pieces: int, what: str) -> int:
 class ModelParallel:
     """A rank's place in its TP group and how MoE layers split inside it (runtime.core.layout's
     semantics): experts are partitioned over `ep_size` ranks, each expert's intermediate dim split
-    over the moe_tp_size = tp_size / ep_size ranks that share it. The default is one rank (tp=1)."""
+    over the moe_tp_size = tp_size / ep_size ranks that share it. The default is one rank (tp=1).
+
+    DP attention: `attention` is the rank's place in its attention TP group (tp / dp ranks: attention
+    heads, the embedding and the LM head split that way), and `tokens` gathers every attention rank's
+    tokens before each MLP/MoE and scatters the output back; this object then describes the MLP's
+    tensor parallelism over all tp ranks. Without DP attention both are None (attention = this)."""
 
     tp_rank: int = 0
     tp_size: int = 1
     ep_size: int = 1
     comm: TPComm | None = field(default=None, repr=False)
+    attention: ModelParallel | None = field(default=None, repr=False)
+    tokens: TokenExchange | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.tp_size % self.ep_size or not 0 <= self.tp_rank < self.tp_size:
@@ -132,6 +155,12 @@ class ModelParallel:
     @property
     def sharded(self) -> bool:
         return self.tp_size > 1
+
+    @property
+    def attention_parallel(self) -> ModelParallel:
+        """Where attention, the embedding and the LM head are split: the attention TP group under DP
+        attention, else the TP group itself."""
+        return self.attention if self.attention is not None else self
 
     @property
     def moe_tp_size(self) -> int:

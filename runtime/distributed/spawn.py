@@ -47,9 +47,10 @@ def _target(fn: Callable, info: RankInfo, args: tuple, out, cpu_threads: int) ->
 
 
 def run_on_ranks(fn: Callable, world: int, *args: Any, tp: int | None = None, ep: int = 1, device: str = "cpu",
-                 timeout_s: float = 600.0, cpu_threads: int = 1) -> list[Any]:
+                 timeout_s: float = 600.0, cpu_threads: int = 1, dp_attention: int = 0) -> list[Any]:
     """fn(info, groups, *args) on `world` ranks (tp = world unless given; device "cpu" with gloo, or
-    "cuda" with NCCL, rank r on cuda:r); their results by rank. A rank's exception is raised here."""
+    "cuda" with NCCL, rank r on cuda:r); their results by rank. A rank's exception is raised here.
+    dp_attention=D: the world is one tp group of D attention ranks (SGLang's --enable-dp-attention)."""
     tp = tp or world
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
@@ -57,8 +58,8 @@ def run_on_ranks(fn: Callable, world: int, *args: Any, tp: int | None = None, ep
     backend = "nccl" if device == "cuda" else "gloo"
     procs = []
     for rank in range(world):
-        info = RankInfo(rank, world, rank, tp, ep, world // tp, init, backend,
-                        f"cuda:{rank}" if device == "cuda" else "cpu", timeout_s)
+        info = RankInfo(rank, world, rank, tp, ep, dp_attention or world // tp, init, backend,
+                        f"cuda:{rank}" if device == "cuda" else "cpu", timeout_s, dp_attention > 0)
         procs.append(ctx.Process(target=_target, args=(fn, info, args, out, cpu_threads), daemon=True))
         procs[-1].start()
     results: dict[int, Any] = {}

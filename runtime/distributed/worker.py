@@ -1,8 +1,9 @@
 """One rank of a multi-process `mode=real` run (the spawn target): join the process groups, build
 this rank's shard of the model runner, then either lead its TP group (scheduler + driver; each step's
-inputs broadcast to the group) or follow it (run every step the leader sends). Reports to the
-launching process through one queue: ("ready", rank, pid), ("finished", replica, n), ("done", rank,
-result) or ("error", rank, (type name, message, traceback)).
+inputs broadcast to the group) or follow it (run every step the leader sends). Under DP attention the
+groups are attention TP groups and their leaders step in lockstep (runtime.distributed.lockstep).
+Reports to the launching process through one queue: ("ready", rank, pid), ("finished", replica, n),
+("done", rank, result) or ("error", rank, (type name, message, traceback)).
 """
 from __future__ import annotations
 
@@ -93,7 +94,9 @@ def _run_rank(task: RankTask) -> LeaderResult | dict:
     from omegaconf import OmegaConf
 
     from runtime.build import build_core
+    from runtime.distributed.dp_attention import dp_attention_parallel
     from runtime.distributed.groups import init_rank_groups
+    from runtime.distributed.lockstep import Lockstep
     from runtime.distributed.sharding import SINGLE, ModelParallel
     from runtime.distributed.step_channel import STOP, StepChannel
     from runtime.engine.build_runner import build_model_runner
@@ -105,24 +108,34 @@ def _run_rank(task: RankTask) -> LeaderResult | dict:
         torch.cuda.set_device(torch.device(info.device))
     cfg = OmegaConf.create(task.cfg)
     groups = init_rank_groups(info) if info.tp > 1 else None
-    parallel = ModelParallel(info.tp_rank, info.tp, info.ep, groups.comm()) if groups else SINGLE
+    exchange = None
+    if info.dp_attention:
+        parallel, exchange = dp_attention_parallel(info, groups)
+    else:
+        parallel = ModelParallel(info.tp_rank, info.tp, info.ep, groups.comm()) if groups else SINGLE
     core = build_core(cfg)            # every rank: KV capacity and table sizes; only the leader schedules
     runner = build_model_runner(cfg, core, parallel=parallel, device=info.device)
     task.out_queue.put(("ready", info.rank, os.getpid()))
-    channel = StepChannel(groups.cpu_group, info.leader_rank) if groups else None
+    channel = StepChannel(groups.cpu_group, info.leader_rank) if groups and groups.cpu_group is not None else None
     if not info.is_leader:
-        return {"steps": follow(runner, channel)}
-    if channel is not None:
+        return {"steps": follow(runner, channel, exchange)}
+    lockstep = None
+    if exchange is not None:
+        lockstep = Lockstep(groups.leaders_group, info.dp, exchange, runner.model, channel)
+    elif channel is not None:
         runner.step_sender = channel.send
     try:
-        return lead(task, cfg, core, runner, channel)
+        return lead(task, cfg, core, runner, channel, lockstep)
     finally:
         if channel is not None:
             channel.send(STOP)
 
 
-def follow(runner, channel) -> int:
-    """A TP rank other than the leader: run every step the leader broadcasts, until STOP."""
+def follow(runner, channel, exchange=None) -> int:
+    """A rank of a TP (or attention TP) group other than its leader: run every step the leader
+    broadcasts, until STOP. Under DP attention a step carries every attention rank's token counts
+    (set on the model's `exchange`), or none of this group's own (the idle step)."""
+    from runtime.distributed.lockstep import RankStep
     from runtime.distributed.step_channel import KEEPALIVE, STOP
 
     steps = 0
@@ -130,17 +143,27 @@ def follow(runner, channel) -> int:
         message = channel.recv()
         if message == STOP:
             return steps
-        if message != KEEPALIVE:
-            runner.run(message)
-            steps += 1
+        if message == KEEPALIVE:
+            continue
+        if isinstance(message, RankStep):
+            exchange.set_step_tokens(message.step_tokens)
+            if message.inputs is None:
+                runner.model.idle_step()
+                continue
+            message = message.inputs
+        runner.run(message)
+        steps += 1
 
 
-def lead(task: RankTask, cfg, core, runner, channel) -> LeaderResult:
+def lead(task: RankTask, cfg, core, runner, channel, lockstep=None) -> LeaderResult:
     """The TP leader: the scheduler and the real-time driver of one DP replica, over a replay of the
-    workload (dp=1) or the router's inbox (dp > 1)."""
+    workload (dp=1) or the router's inbox (dp > 1). Under DP attention (`lockstep`) the driver runs
+    steps through a LockstepExecutor and idles through a LockstepSource, and the steps' predictions
+    price every rank's step of the round together, as the simulator's DP attention driver does."""
     from hydra.utils import instantiate
 
     from runtime.app import leaked_slots
+    from runtime.distributed.lockstep import LockstepExecutor, LockstepSource
     from runtime.distributed.sources import GO, InboxSource, KeepAliveSource
     from runtime.distributed.step_channel import KEEPALIVE
     from runtime.driver import RealDriver
@@ -149,8 +172,13 @@ def lead(task: RankTask, cfg, core, runner, channel) -> LeaderResult:
     from sim.predictor import build_cost_model, step_predictor
 
     info = task.info
-    predict = step_predictor(build_cost_model(cfg, core), overlap=bool(cfg.overlap))
-    driver = RealDriver(core.scheduler, runner, as_fast_as_possible=bool(cfg.real.as_fast_as_possible),
+    executor = runner
+    if lockstep is None:
+        predict = step_predictor(build_cost_model(cfg, core), overlap=bool(cfg.overlap))
+    else:
+        executor = LockstepExecutor(runner, lockstep)
+        predict = executor.predictor(dp_attention_cost_model(cfg, core))
+    driver = RealDriver(core.scheduler, executor, as_fast_as_possible=bool(cfg.real.as_fast_as_possible),
                         progress=bool(cfg.progress) and info.dp == 1, overlap=bool(cfg.overlap), predict=predict)
     if task.inbox is None:
         specs = task.specs if task.specs is not None else instantiate(cfg.workload).requests()
@@ -160,11 +188,28 @@ def lead(task: RankTask, cfg, core, runner, channel) -> LeaderResult:
         source, total = InboxSource(task.inbox, info.replica, report), None
         if task.inbox.get() != GO:
             raise RuntimeError(f"replica {info.replica}: expected the router's start message")
+    if lockstep is not None:
+        source = LockstepSource(source, lockstep, core.scheduler.has_work)
     if channel is not None:
         source = KeepAliveSource(source, lambda: channel.send(KEEPALIVE), info.timeout_s / 4)
     outcome = driver.serve(source, total=total)
     facts = dict(kv_capacity_tokens=core.kv_capacity_tokens, load_time_s=runner.load_time_s,
                  warmup_s=runner.warmup_s, device=str(runner.device), leaked_kv_slots=leaked_slots(core.scheduler))
+    if lockstep is not None:
+        facts.update(lockstep_rounds=lockstep.rounds, idle_steps=lockstep.idle_steps)
     outputs = ({r.rid: list(r.output_ids) for r in outcome.requests}
                if task.collect_output_ids else None)
     return LeaderResult(info.replica, requests_frame(outcome.requests), steps_frame(outcome.steps), facts, outputs)
+
+
+def dp_attention_cost_model(cfg, core):
+    """The simulator's DP attention step cost for this run's configuration (as sim/dp_app.py builds it)."""
+    import functools
+
+    from hydra.utils import instantiate
+
+    from sim.costmodel.dp_attention import DPAttentionCostModel
+    from sim.predictor import runtime_graph_limits
+
+    make_cost_model = functools.partial(instantiate(cfg.costmodel), **runtime_graph_limits(cfg))
+    return DPAttentionCostModel(make_cost_model, core.model, core.hardware, core.layout)

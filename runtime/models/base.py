@@ -59,7 +59,9 @@ class StepContext:
 
 class DecoderLayer(nn.Module):
     """x + attn(norm(x)), then + mlp(norm(x)). Tensor parallel: attention and MLP end in a row-parallel
-    linear, so each returns a partial sum that is all-reduced here (twice per layer, as SGLang)."""
+    linear, so each returns a partial sum that is all-reduced here (twice per layer, as SGLang). DP
+    attention (`parallel.tokens`): attention's sum is over the attention TP group only, and the MLP runs
+    over every attention rank's tokens, gathered before it and scattered back after (`mlp_over_ranks`)."""
 
     def __init__(self, self_attn: nn.Module, mlp: nn.Module, config: ModelConfig,
                  dtype: torch.dtype, device: torch.device | str, parallel: ModelParallel = SINGLE):
@@ -68,14 +70,28 @@ class DecoderLayer(nn.Module):
         eps, hidden = config.rms_norm_eps, config.hidden_size
         self.input_layernorm = RMSNorm(hidden, eps, dtype, device)
         self.post_attention_layernorm = RMSNorm(hidden, eps, dtype, device)
-        self.comm = parallel.comm if parallel.sharded else None   # None: nothing to reduce (tp=1)
+        attention = parallel.attention_parallel
+        self.attn_comm = attention.comm if attention.sharded else None   # None: nothing to reduce
+        self.comm = parallel.comm if parallel.sharded else None          # the MLP's (tp=1: None)
+        self.tokens = parallel.tokens
 
-    def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
-        return partial if self.comm is None else self.comm.all_reduce(partial)
+    def _reduce_attention(self, partial: torch.Tensor) -> torch.Tensor:
+        return partial if self.attn_comm is None else self.attn_comm.all_reduce(partial)
+
+    def mlp_over_ranks(self, h: torch.Tensor, ops: SmallOps | None = None) -> torch.Tensor:   # [T, H] -> [T, H]
+        """The MLP of the normed h, summed over the TP group; under DP attention computed on the tokens
+        of every attention rank (this one's may be none: an idle rank still takes its share)."""
+        if self.tokens is not None:
+            return self.tokens.scatter(self._mlp(self.tokens.gather(h), ops), h.shape[0])
+        out = self._mlp(h, ops)
+        return out if self.comm is None else self.comm.all_reduce(out)
+
+    def _mlp(self, h: torch.Tensor, ops: SmallOps | None) -> torch.Tensor:
+        return self.mlp(h) if ops is None else self.mlp(h, ops)
 
     def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:   # [T, H] -> [T, H]
-        x = x + self._reduce(self.self_attn(self.input_layernorm(x), ctx))
-        return x + self._reduce(self.mlp(self.post_attention_layernorm(x)))
+        x = x + self._reduce_attention(self.self_attn(self.input_layernorm(x), ctx))
+        return x + self.mlp_over_ranks(self.post_attention_layernorm(x))
 
     def forward_fused(self, x: torch.Tensor, residual: torch.Tensor | None, ctx: StepContext,
                       ops: SmallOps) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,16 +102,18 @@ class DecoderLayer(nn.Module):
             residual, h = x, ops.rmsnorm(x, self.input_layernorm)
         else:
             h, residual = ops.add_rmsnorm(x, residual, self.input_layernorm)
-        h, residual = ops.add_rmsnorm(self._reduce(self.self_attn(h, ctx)), residual, self.post_attention_layernorm)
-        return self._reduce(self.mlp(h, ops)), residual
+        h, residual = ops.add_rmsnorm(self._reduce_attention(self.self_attn(h, ctx)), residual,
+                                      self.post_attention_layernorm)
+        return self.mlp_over_ranks(h, ops), residual
 
 
 class DecoderModel(nn.Module):
-    """HF's `model.` prefix: embed_tokens (vocab-parallel when sharded), layers, norm."""
+    """HF's `model.` prefix: embed_tokens (vocab-parallel when attention is sharded), layers, norm."""
 
     def __init__(self, layers: list[DecoderLayer], config: ModelConfig,
                  dtype: torch.dtype, device: torch.device | str, parallel: ModelParallel = SINGLE):
         super().__init__()
+        parallel = parallel.attention_parallel      # DP attention: each attention rank embeds its own tokens
         if parallel.sharded:
             self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, dtype, device, parallel)
         else:
@@ -119,8 +137,9 @@ class CausalLM(nn.Module):
         self.parallel = parallel
         layers = [self.make_layer(i) for i in range(config.num_hidden_layers)]
         self.model = DecoderModel(layers, config, dtype, device, parallel)
-        if parallel.sharded:
-            self.lm_head = vocab_parallel_lm_head(config.hidden_size, config.vocab_size, dtype, device, parallel)
+        head = parallel.attention_parallel    # DP attention: split over the attention TP group (SGLang's dp LM head)
+        if head.sharded:
+            self.lm_head = vocab_parallel_lm_head(config.hidden_size, config.vocab_size, dtype, device, head)
         else:
             self.lm_head = Linear(config.hidden_size, config.vocab_size, False, dtype, device)
         if config.tie_word_embeddings:
@@ -163,9 +182,21 @@ class CausalLM(nn.Module):
 
     @torch.no_grad()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:   # [B, H] -> [B, V] float32
-        if self.parallel.sharded:   # gathered in the model dtype (half the bytes of float32), then cast
-            return gather_logits(self.lm_head(hidden), self.parallel).float()
+        head = self.parallel.attention_parallel
+        if head.sharded:   # gathered in the model dtype (half the bytes of float32), then cast
+            return gather_logits(self.lm_head(hidden), head).float()
         return self.lm_head(hidden).float()
+
+    @torch.no_grad()
+    def idle_step(self) -> None:
+        """DP attention: a step in which this attention rank has no tokens while others have some. It
+        still computes its share of every layer's MLP over their gathered tokens (its collectives pair
+        with theirs, as SGLang's idle batch); nothing is returned."""
+        if self.parallel.tokens is None:
+            raise RuntimeError("idle_step is for DP attention ranks (the model has no token exchange)")
+        h = torch.empty(0, self.config.hidden_size, dtype=self.dtype, device=self.device)   # [0, H]
+        for layer in self.model.layers:
+            layer.mlp_over_ranks(h, self.small_ops)
 
     def forward(self, fb: ForwardBatch, pool: KVPool) -> torch.Tensor:
         """Logits [B, V] (float32) of each sequence's last new token."""

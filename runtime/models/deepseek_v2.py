@@ -15,7 +15,8 @@ class DeepseekV2ForCausalLM(CausalLM):
 
     def make_layer(self, layer_id: int) -> DecoderLayer:
         cfg, dtype, device = self.config, self.dtype, self.device
-        attn = MLAttention(cfg, layer_id, dtype, device, self.parallel)
+        # DP attention: heads split over the attention TP group only (each attention rank its own requests)
+        attn = MLAttention(cfg, layer_id, dtype, device, self.parallel.attention_parallel)
         if cfg.is_moe_layer(layer_id):
             mlp = MoE(cfg, dtype, device, parallel=self.parallel)
         else:
