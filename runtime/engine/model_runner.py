@@ -26,6 +26,7 @@ from runtime.engine.batch_builder import BatchBuilder, FutureTokens, HostBatch
 from runtime.engine.forward_batch import ForwardBatch
 from runtime.engine.kv_pool import create_kv_pool
 from runtime.engine.logprob_params import top_logprobs_num
+from runtime.engine.prompt_logprobs import PromptAsk, PromptLogprobs, prompt_asks
 from runtime.engine.sampler import SampledLogprobs, Sampler, is_greedy
 from runtime.models.config import ModelConfig
 from runtime.models.loader import build_model
@@ -68,7 +69,7 @@ class ModelRunner:
         self.dtype = DTYPES[dtype]
         start = time.perf_counter()
         self.model = build_model(hf_config, self.dtype, self.device, load_format, path, seed, parallel)
-        config = rank_config(ModelConfig.from_hf(hf_config), self.model)
+        config = self._config = rank_config(ModelConfig.from_hf(hf_config), self.model)
         self.step_sender: Callable[[StepInputs], None] | None = None   # TP leader: hands each step to its peers
         self.attn_backend = None      # FastMLABackend when the fast path is on
         self.graphs = None            # CudaGraphRunner when decode graphs are captured
@@ -82,6 +83,7 @@ class ModelRunner:
         # graphs: one extra slot past the core's capacity, where padding rows write
         self.pool = create_kv_pool(config, num_kv_slots + (1 if use_graphs else 0), self.dtype, self.device)
         self.sampler = Sampler(device=self.device, seed=seed)
+        self.prompt_logprobs = PromptLogprobs(self._private_hidden_states, self.model.compute_logits)
         rows = max_running_requests + SLOT_TABLE_EXTRA_ROWS   # + the chunked request, finished ones in flight
         columns = min(max_context_tokens or config.max_position_embeddings, num_kv_slots) + 2
         self.future = FutureTokens(4 * rows, self.device)
@@ -144,6 +146,20 @@ class ModelRunner:
             self.attn_backend.plan_step(fb)       # once per step, before any layer
         return self.model(fb, self.pool)
 
+    def _eager_hidden_states(self, fb: ForwardBatch, pool) -> torch.Tensor:
+        """Final hidden states of every new token [T, H] by the eager path (what `forward(path="eager")`
+        runs before the LM head)."""
+        if self.attn_backend is not None:
+            fb.attn_backend = self.attn_backend
+            self.attn_backend.plan_step(fb)
+        return self.model.hidden_states(fb, pool)
+
+    def _private_hidden_states(self, ids: list[int]) -> torch.Tensor:
+        """A plain forward over `ids` from position 0 in a KV pool of its own: [len(ids), H] (prompt
+        positions whose KV the radix cache provided, for their log-probabilities)."""
+        pool = create_kv_pool(self._config, len(ids), self.dtype, self.device)
+        return self._eager_hidden_states(ForwardBatch.build([(ids, 0, list(range(len(ids))))], self.device), pool)
+
     @torch.no_grad()
     def warmup(self, prefill_tokens: list[int]) -> float:
         """Throw-away prefills of these lengths, each followed by one decode and by an extend of its
@@ -187,7 +203,8 @@ class ModelRunner:
         asks = any(k is not None for k in top_nums)
         return StepInputs(self.batches.host(plan), rows, self.future.reserve(len(rows)),
                           None if all(map(is_greedy, sampling)) and not asks else sampling,
-                          [len(it.request.output_ids) for it in items], top_nums if asks else None)
+                          [len(it.request.output_ids) for it in items], top_nums if asks else None,
+                          prompt_asks(plan))
 
     @torch.no_grad()
     def run(self, inputs: StepInputs) -> tuple[torch.Tensor, SampledLogprobs | None]:
@@ -196,7 +213,14 @@ class ModelRunner:
         and the log-probabilities of the rows that ask (None when none does).
         Every rank of a TP group runs it on the same inputs: the logits are gathered whole on each, and
         the samplers (same seed, same calls) draw the same tokens, so no rank waits for another's."""
-        logits = self.forward(self.batches.to_device(inputs.batch))       # [B, V]
+        fb = self.batches.to_device(inputs.batch)
+        prompt = None
+        if inputs.prompt_asks is not None:    # rows besides each sequence's last: eagerly, graphs keep none
+            hidden = self._eager_hidden_states(fb, self.pool)                 # [T, H]
+            logits = self.model.compute_logits(hidden[fb.logits_indices])    # [B, V]
+            prompt = self.prompt_logprobs.step(inputs.prompt_asks, hidden, fb.extend_lens_cpu)
+        else:
+            logits = self.forward(fb)                                          # [B, V]
         rows = inputs.sample_rows
         if not rows:
             return torch.empty(0, dtype=torch.long, device=self.device), None
@@ -207,6 +231,8 @@ class ModelRunner:
         logprobs = None
         if inputs.top_logprobs_nums is not None:
             logprobs = self.sampler.logprobs(logits, sampling, ids, inputs.top_logprobs_nums)
+        if prompt:                            # prompts finished this step: with their first token's entry
+            logprobs.prompt = {rows.index(seq): values for seq, values in prompt.items()}
         return ids, logprobs
 
     @torch.no_grad()
@@ -256,6 +282,7 @@ class StepInputs:
     sampling: list[SamplingParams] | None
     output_positions: list[int]     # per sampled row, len(request.output_ids)
     top_logprobs_nums: list[int | None] | None = None   # per sampled row (None: no logprobs); None: no row asks
+    prompt_asks: list[PromptAsk] | None = None          # prefill chunks that want prompt log-probabilities
 
 
 GREEDY = SamplingParams(temperature=0.0)

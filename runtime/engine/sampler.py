@@ -9,10 +9,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from runtime.core.request import SamplingParams
+from runtime.engine.logprob_params import TokenLogprobs
+
+if TYPE_CHECKING:
+    from runtime.engine.prompt_logprobs import PromptValues
 
 # Legend: B = sequences in the batch, V = vocab size, S = seeded sampled rows,
 # R = rows asking for log-probabilities, K = the largest top count among them.
@@ -146,9 +151,6 @@ class Sampler:
         return tensor.pin_memory().to(self.device, non_blocking=True)
 
 
-TokenLogprobs = tuple[float, list[tuple[int, float]]]   # (sampled token's, [(token id, logprob), ...])
-
-
 @dataclass
 class SampledLogprobs:
     """One step's log-probabilities of the R rows that asked, on the sampler's device until `to_host`."""
@@ -158,6 +160,7 @@ class SampledLogprobs:
     token_logprobs: torch.Tensor    # [R] float32, of the sampled tokens
     top_logprobs: torch.Tensor      # [R, K] float32, descending
     top_ids: torch.Tensor           # [R, K] long
+    prompt: dict[int, PromptValues] | None = None   # by sampled row: prompts that finished this step
 
     def to_host(self) -> SampledLogprobs:
         """Copies in pinned host memory, enqueued without waiting (the caller syncs before `entries`);
@@ -168,15 +171,19 @@ class SampledLogprobs:
         def pinned(t: torch.Tensor) -> torch.Tensor:
             return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
 
+        prompt = {row: values.to_host() for row, values in self.prompt.items()} if self.prompt else None
         return dataclasses.replace(self, token_logprobs=pinned(self.token_logprobs),
-                                   top_logprobs=pinned(self.top_logprobs), top_ids=pinned(self.top_ids))
+                                   top_logprobs=pinned(self.top_logprobs), top_ids=pinned(self.top_ids),
+                                   prompt=prompt)
 
     def entries(self, num_rows: int) -> list[TokenLogprobs | None]:
         """Per sampled row: None (not asked) or (logprob of its token, its top (id, logprob) pairs)."""
         chosen, values, ids = self.token_logprobs.tolist(), self.top_logprobs.tolist(), self.top_ids.tolist()
         out: list[TokenLogprobs | None] = [None] * num_rows
+        prompt = self.prompt or {}
         for j, (row, k) in enumerate(zip(self.rows, self.top_nums)):
-            out[row] = (chosen[j], list(zip(ids[j][:k], values[j][:k])))
+            entry = prompt[row].entry() if row in prompt else None
+            out[row] = TokenLogprobs(chosen[j], list(zip(ids[j][:k], values[j][:k])), entry)
         return out
 
 

@@ -53,7 +53,8 @@ class Detokenizer:
         if out.finish is not None:
             del self._states[out.rid]
         logprobs = self.pieces.fill(out.logprobs) if out.logprobs is not None else None
-        return TextOutput(out.rid, text, out.token_ids, out.finish, logprobs)
+        prompt = self.pieces.fill(out.prompt_logprobs) if out.prompt_logprobs is not None else None
+        return TextOutput(out.rid, text, out.token_ids, out.finish, logprobs, prompt)
 
 
 def run_detokenizer(addresses: Addresses, tokenizer_path: str | None, vocab_size: int, parent_pid: int) -> None:

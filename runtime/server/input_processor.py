@@ -73,11 +73,15 @@ class InputProcessor:
                            code="context_length_exceeded")
         values["max_new_tokens"] = max_new
         values["stop_token_ids"] = tuple(sorted(set(values.get("stop_token_ids", ())) | set(self.eos_token_ids)))
+        start = gi.logprob_start_len
+        if start is not None and start >= num_prompt:
+            raise APIError(f"logprob_start_len={start}: the prompt has {num_prompt} tokens", param="logprob_start_len")
         try:
             if gi.top_logprobs_num is None:
                 sampling = SamplingParams(**values)
             else:
-                sampling = LogprobSamplingParams(**values, top_logprobs_num=gi.top_logprobs_num)
+                sampling = LogprobSamplingParams(**values, top_logprobs_num=gi.top_logprobs_num,
+                                                 logprob_start_len=-1 if start is None else start)
         except (ValueError, TypeError) as err:
             raise APIError(str(err), param=str(err).split(" ")[0]) from err
         detok = DetokSpec(ids[-NUM_PROMPT_CONTEXT_TOKENS:], gi.stop_strs, gi.skip_special_tokens)

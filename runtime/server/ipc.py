@@ -81,10 +81,11 @@ class Finish:
 
 
 class TokenLogprob(NamedTuple):
-    """A token's log-probability under the distribution its position was sampled from; `text` (the
-    token alone, decoded) and `utf8` (its bytes) are filled in by the detokenizer."""
+    """A token's log-probability under the distribution its position was sampled from (None for the
+    first prompt token reported: nothing precedes it); `text` (the token alone, decoded) and `utf8`
+    (its bytes) are filled in by the detokenizer."""
 
-    logprob: float
+    logprob: Optional[float]
     token_id: int
     text: Optional[str] = None
     utf8: Optional[bytes] = None
@@ -99,13 +100,15 @@ class PositionLogprobs(NamedTuple):
 
 class RequestOutput(NamedTuple):
     """New tokens of one request since its last output; `detok` on the first one; `logprobs`, one per
-    token, when the request asked for them."""
+    token, when the request asked for them; `prompt_logprobs` on the first one, when asked: its prompt
+    tokens from the start it asked for (SGLang's input_token_logprobs)."""
 
     rid: str
     token_ids: list[int]
     finish: Optional[Finish] = None
     detok: Optional[DetokSpec] = None
     logprobs: Optional[list[PositionLogprobs]] = None
+    prompt_logprobs: Optional[list[PositionLogprobs]] = None
 
 
 @dataclass
@@ -125,6 +128,7 @@ class TextOutput(NamedTuple):
     token_ids: list[int]
     finish: Optional[Finish] = None
     logprobs: Optional[list[PositionLogprobs]] = None   # one per token id, with the tokens' text
+    prompt_logprobs: Optional[list[PositionLogprobs]] = None   # on the first output, when asked
 
 
 def _unpack(cls, rows: list[tuple], stats: Optional[SchedulerStats]):

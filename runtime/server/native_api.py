@@ -12,7 +12,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from runtime.server.ipc import Finish, PositionLogprobs, TextOutput
 from runtime.server.logprob_format import native_logprobs
 from runtime.server.openai_api import parse
-from runtime.server.outputs import collect_outputs, gather, gather_logprobs, native_finish, sse, stream_outputs
+from runtime.server.outputs import (
+    collect_outputs, gather, gather_logprobs, native_finish, prompt_logprobs, sse, stream_outputs,
+)
 from runtime.server.protocol import AbortRequest, GenerateRequest
 from runtime.server.tokenizer_manager import ReqState, TokenizerManager
 
@@ -26,12 +28,15 @@ class _Accumulated:
         self.state, self.req = state, req
         self.text, self.ids = "", []
         self.logprobs: list[PositionLogprobs] = []
+        self.prompt_logprobs: list[PositionLogprobs] | None = None
 
     def add(self, outs: list[TextOutput]) -> None:
         text, ids = gather(outs)
         self.text += text
         self.ids += ids
         self.logprobs += gather_logprobs(outs)
+        if self.prompt_logprobs is None:
+            self.prompt_logprobs = prompt_logprobs(outs)
 
     def body(self) -> dict:
         finish: Finish | None = self.state.finish
@@ -44,7 +49,7 @@ class _Accumulated:
             meta["completion_tokens"] = finish.completion_tokens
         if self.req.return_logprob:
             meta.update(native_logprobs(self.logprobs, self.req.top_logprobs_num or 0,
-                                        self.req.return_text_in_logprobs))
+                                        self.req.return_text_in_logprobs, self.prompt_logprobs))
         return {"text": self.text, "output_ids": list(self.ids), "meta_info": meta}
 
 

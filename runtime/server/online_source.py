@@ -15,7 +15,7 @@ import zmq
 from runtime.core.batch import ScheduledItem
 from runtime.core.request import FinishReason, Request
 from runtime.core.scheduler import Scheduler
-from runtime.engine.logprob_params import top_logprobs_num
+from runtime.engine.logprob_params import prompt_logprob_start, top_logprobs_num
 from runtime.server.detokenizer import IncrementalDetokenizer
 from runtime.server.ipc import (
     AbortReq, BatchOutput, ControlReply, ControlReq, DetokSpec, Finish, PositionLogprobs, RequestOutput,
@@ -38,6 +38,7 @@ class _Tracked:
     text: IncrementalDetokenizer | None = None     # only with stop strings
     stop: StopStringMatcher | None = None
     logprobs: dict[int, PositionLogprobs] | None = None   # by output index, until sent; None: not asked
+    prompt_logprobs: list[PositionLogprobs] | None = None  # its prompt tokens', for the first output
 
     @property
     def stopped(self) -> bool:
@@ -128,9 +129,10 @@ class OnlineSource:
             index = item.num_prefix_tokens + item.num_new_tokens - len(req.input_ids)
             if t is None or t.logprobs is None or index >= len(req.output_ids):
                 continue
-            token_logprob, top = entry
-            t.logprobs[index] = PositionLogprobs(TokenLogprob(token_logprob, req.output_ids[index]),
-                                                 [TokenLogprob(value, token) for token, value in top])
+            t.logprobs[index] = PositionLogprobs(TokenLogprob(entry.logprob, req.output_ids[index]),
+                                                 [TokenLogprob(value, token) for token, value in entry.top])
+            if entry.prompt is not None and t.prompt_logprobs is None:   # again after a retraction: kept
+                t.prompt_logprobs = self._prompt_positions(req, *entry.prompt)
 
     def on_finished(self, requests: list[Request], now_s: float) -> None:
         for req in requests:
@@ -171,10 +173,12 @@ class OnlineSource:
             detok, t.detok_sent = t.detok, True
             self.prompt_tokens_total += len(t.request.input_ids)
             self.cached_tokens_total += t.request.num_cached_tokens
-        logprobs = None
+        logprobs = prompt = None
         if t.logprobs is not None:            # the entries of the tokens just taken (num_sent counts them)
             logprobs = [t.logprobs.pop(i) for i in range(t.num_sent - len(token_ids), t.num_sent)]
-        out = RequestOutput(t.request.rid, token_ids, finish, detok, logprobs)
+            if detok is not None:
+                prompt = t.prompt_logprobs
+        out = RequestOutput(t.request.rid, token_ids, finish, detok, logprobs, prompt)
         (self._outputs if detok is None else self._first_outputs).append(out)
 
     def _take_new_tokens(self, t: _Tracked) -> list[int]:
@@ -193,6 +197,16 @@ class OnlineSource:
         return new
 
     @staticmethod
+    def _prompt_positions(req: Request, start: int, values: list[float], tops: list) -> list[PositionLogprobs]:
+        """Prompt tokens start.. : the first without a value (SGLang's None), then one per value."""
+        ids = req.input_ids
+        out = [PositionLogprobs(TokenLogprob(None, ids[start]), [])]
+        for j, (value, top) in enumerate(zip(values, tops)):
+            out.append(PositionLogprobs(TokenLogprob(value, ids[start + 1 + j]),
+                                        [TokenLogprob(v, token) for token, v in top]))
+        return out
+
+    @staticmethod
     def _finish(req: Request, reason: str, matched, num_tokens: int, now_s: float) -> Finish:
         e2e = now_s - req.arrival_s
         ttft = req.first_token_s - req.arrival_s if req.first_token_s is not None else None
@@ -203,6 +217,10 @@ class OnlineSource:
         arrival = max(0.0, msg.arrival_clock_s - self._clock_offset_s)
         req = Request(rid=msg.rid, input_ids=list(msg.input_ids), sampling=msg.sampling, arrival_s=arrival)
         t = _Tracked(req, msg.detok, logprobs={} if top_logprobs_num(msg.sampling) is not None else None)
+        if t.logprobs is not None:            # from the last prompt token alone: no forward row, no value
+            start = prompt_logprob_start(msg.sampling, len(req.input_ids))
+            if start is None or start == len(req.input_ids) - 1:
+                t.prompt_logprobs = self._prompt_positions(req, len(req.input_ids) - 1, [], [])
         if msg.detok.stop_strs:
             t.text = IncrementalDetokenizer(self.tokenizer, msg.detok.prompt_tail_ids, msg.detok.skip_special_tokens)
             t.stop = StopStringMatcher(msg.detok.stop_strs)

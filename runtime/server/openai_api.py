@@ -15,7 +15,8 @@ from runtime.server.errors import APIError, from_validation_error
 from runtime.server.ipc import PositionLogprobs
 from runtime.server.logprob_format import CompletionLogprobs, chat_logprobs
 from runtime.server.outputs import (
-    OPENAI_FINISH, TEXT_SLOT, collect_outputs, gather, gather_logprobs, sse, sse_with_text, stream_outputs, usage,
+    OPENAI_FINISH, TEXT_SLOT, collect_outputs, gather, gather_logprobs, prompt_logprobs, sse, sse_with_text,
+    stream_outputs, usage,
 )
 from runtime.server.protocol import ChatCompletionRequest, CompletionRequest
 from runtime.server.tokenizer_manager import ReqState, TokenizerManager
@@ -62,7 +63,7 @@ class _ChatFormat:
     def payload(self, text: str) -> dict:
         return {"message": {"role": "assistant", "content": text}}
 
-    def logprobs(self, positions: list[PositionLogprobs]) -> dict | None:
+    def logprobs(self, positions: list[PositionLogprobs], prompt: list[PositionLogprobs] | None = None) -> dict | None:
         return chat_logprobs(positions) if self.wants_logprobs else None
 
     async def stream(self, manager: TokenizerManager, state: ReqState, head: dict) -> AsyncIterator[str]:
@@ -80,26 +81,37 @@ class _ChatFormat:
 
 
 class _CompletionFormat:
-    """A text completion's: its stream carries the finish in the last text chunk."""
+    """A text completion's: its stream carries the finish in the last text chunk. With `echo` the
+    prompt's text comes first (in a stream: in the first chunk) and, with logprobs, its tokens' entries
+    (the first one's None), as OpenAI's legacy API returns them."""
 
     endpoint, id_prefix, object, chunk_object = "completions", "cmpl", "text_completion", "text_completion"
 
     def __init__(self, req: CompletionRequest) -> None:
         self.blocks = CompletionLogprobs() if req.logprobs is not None else None   # text offsets span chunks
+        self.echo = req.echo
+        self.prompt_text = ""                  # set with echo, once the prompt is tokenized
 
     def payload(self, text: str) -> dict:
-        return {"text": text}
+        return {"text": self.prompt_text + text}
 
-    def logprobs(self, positions: list[PositionLogprobs]) -> dict | None:
-        return self.blocks.block(positions) if self.blocks is not None else None
+    def logprobs(self, positions: list[PositionLogprobs], prompt: list[PositionLogprobs] | None = None) -> dict | None:
+        if self.blocks is None:
+            return None
+        return self.blocks.block((prompt or []) + positions if self.echo else positions)
 
     async def stream(self, manager: TokenizerManager, state: ReqState, head: dict) -> AsyncIterator[str]:
         piece = sse_with_text({**head, "choices": [choice({"text": TEXT_SLOT}, None, None)]})
+        echo = self.echo                       # the prompt still to send, ahead of the first output
         async for batch in stream_outputs(manager, state):
             text, ids = gather(batch)
             finish = OPENAI_FINISH[state.finish.reason] if batch[-1].finish is not None else None
-            if finish is not None or (self.blocks is not None and ids):
-                yield sse({**head, "choices": [choice({"text": text}, self.logprobs(gather_logprobs(batch)), finish)]})
+            prompt = prompt_logprobs(batch) if echo else None
+            if echo:
+                text, echo = self.prompt_text + text, False
+            if finish is not None or (self.blocks is not None and (ids or prompt)):
+                yield sse({**head, "choices": [choice({"text": text}, self.logprobs(gather_logprobs(batch), prompt),
+                                                      finish)]})
             elif text or ids:
                 yield piece(text)
 
@@ -123,13 +135,16 @@ async def _respond(http: Request, req: Union[ChatCompletionRequest, CompletionRe
     gi = req.generate_input()
     manager: TokenizerManager = http.app.state.manager
     state = manager.submit(gi, fmt.endpoint)
+    if getattr(fmt, "echo", False):
+        fmt.prompt_text = gi.text if gi.text is not None else manager.processor.tokenizer.decode(gi.input_ids)
     head = {"id": f"{fmt.id_prefix}-{state.rid}", "created": int(time.time()), "model": req.model}
     if gi.stream:
         return StreamingResponse(_sse(fmt, manager, state, {**head, "object": fmt.chunk_object},
                                       req.include_usage()), media_type="text/event-stream")
     outs = await collect_outputs(manager, state, http)
     text, _ = gather(outs)
-    only = choice(fmt.payload(text), fmt.logprobs(gather_logprobs(outs)), OPENAI_FINISH[state.finish.reason])
+    only = choice(fmt.payload(text), fmt.logprobs(gather_logprobs(outs), prompt_logprobs(outs)),
+                  OPENAI_FINISH[state.finish.reason])
     return JSONResponse({**head, "object": fmt.object, "choices": [only], "usage": usage(state.finish)})
 
 

@@ -91,3 +91,8 @@ def gather(outs: list[TextOutput]) -> tuple[str, list[int]]:
 def gather_logprobs(outs: list[TextOutput]) -> list[PositionLogprobs]:
     """The log-probabilities of a list of outputs' tokens, concatenated (empty when not asked)."""
     return [p for o in outs for p in (o.logprobs or ())]
+
+
+def prompt_logprobs(outs: list[TextOutput]) -> list[PositionLogprobs] | None:
+    """The prompt tokens' log-probabilities, which the first output carries (None: not among these)."""
+    return next((o.prompt_logprobs for o in outs if o.prompt_logprobs is not None), None)

@@ -64,7 +64,7 @@ class _OpenAISampling(_Strict):
         if self.stream_options is not None and not self.stream:
             raise APIError("stream_options is only allowed with stream=true", param="stream_options")
         self._reject_unsupported({"frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logit_bias": {},
-                                  "tools": [], "functions": [], "best_of": 1, "echo": False, "suffix": "",
+                                  "tools": [], "functions": [], "best_of": 1, "suffix": "",
                                   "response_format": ({"type": "text"},)})
 
     def sampling(self, max_tokens: Optional[int]) -> dict:
@@ -109,6 +109,7 @@ class ChatCompletionRequest(_OpenAISampling):
 
     def generate_input(self) -> "GenerateInput":
         self.check_common()
+        self._reject_unsupported({"echo": False})
         if self.max_tokens is not None and self.max_completion_tokens is not None \
                 and self.max_tokens != self.max_completion_tokens:
             raise APIError("give max_tokens or max_completion_tokens, not two different values", param="max_tokens")
@@ -126,6 +127,7 @@ class ChatCompletionRequest(_OpenAISampling):
 class CompletionRequest(_OpenAISampling):
     prompt: Union[str, list[str], list[int], list[list[int]]]
     logprobs: Optional[int] = None
+    echo: bool = False               # the prompt before the completion (with logprobs: its tokens' too)
 
     def generate_input(self) -> "GenerateInput":
         self.check_common()
@@ -141,7 +143,8 @@ class CompletionRequest(_OpenAISampling):
         return GenerateInput(text=text, input_ids=ids, sampling=self.sampling(self.max_tokens if self.max_tokens
                                                                                  is not None else 16),
                              stop_strs=self.stop_strs(), stream=self.stream, rid=self.rid,
-                             skip_special_tokens=self.skip_special_tokens, top_logprobs_num=self.logprobs)
+                             skip_special_tokens=self.skip_special_tokens, top_logprobs_num=self.logprobs,
+                             logprob_start_len=0 if self.echo and self.logprobs is not None else None)
 
 
 class NativeSampling(_Strict):
@@ -191,16 +194,23 @@ class GenerateRequest(_Strict):
             raise APIError("stop strings must not be empty", param="sampling_params.stop")
         return GenerateInput(text=self.text, input_ids=self.input_ids, sampling=sampling, stop_strs=stops,
                              stream=self.stream, rid=self.rid,
-                             skip_special_tokens=sp.skip_special_tokens, top_logprobs_num=self._top_logprobs_num())
+                             skip_special_tokens=sp.skip_special_tokens, top_logprobs_num=self._top_logprobs_num(),
+                             logprob_start_len=self._logprob_start_len())
 
     def _top_logprobs_num(self) -> Optional[int]:
-        """As SGLang: the logprob fields count only with return_logprob; output tokens only."""
+        """As SGLang: the logprob fields count only with return_logprob."""
         if self.top_logprobs_num is not None:
             _check_top_count(self.top_logprobs_num, MAX_TOP_LOGPROBS, "top_logprobs_num")
-        if self.logprob_start_len not in (None, -1):
-            raise APIError(f"logprob_start_len={self.logprob_start_len}: input-token logprobs are not supported; "
-                           "only -1 (output tokens only)", param="logprob_start_len", code="unsupported")
         return (self.top_logprobs_num or 0) if self.return_logprob else None
+
+    def _logprob_start_len(self) -> Optional[int]:
+        """The first prompt position of input_token_logprobs (-1, the default: the last prompt token
+        alone, whose entry has no value); only with return_logprob."""
+        start = -1 if self.logprob_start_len is None else self.logprob_start_len
+        if start < -1:
+            raise APIError(f"logprob_start_len={start}: must be -1 or a prompt position >= 0",
+                           param="logprob_start_len")
+        return start if self.return_logprob and start >= 0 else None
 
 
 class AbortRequest(_Strict):
@@ -222,3 +232,4 @@ class GenerateInput:
     rid: Optional[str] = None
     skip_special_tokens: bool = True
     top_logprobs_num: Optional[int] = None     # None: no log-probabilities; k: the token's and the top k
+    logprob_start_len: Optional[int] = None    # prompt tokens from this position on get theirs too

@@ -53,7 +53,7 @@ def test_rows_that_ask_get_their_distribution_and_others_nothing() -> None:
         if k is None:
             continue
         ref = _log_softmax(logits[row].tolist(), p.temperature if p.temperature > 0 else 1.0)
-        token_logprob, top = entries[row]
+        token_logprob, top, _ = entries[row]
         assert abs(token_logprob - ref[int(ids[row])]) < 1e-4
         assert len(top) == k
         assert [v for _, v in top] == sorted((v for _, v in top), reverse=True)
@@ -76,7 +76,7 @@ def test_masked_logits_stay_finite() -> None:
     logits = _logits(1)
     logits[0, 5:] = float("-inf")
     ids = Sampler().sample(logits, [SamplingParams(temperature=0.0)])
-    _, top = Sampler().logprobs(logits, [SamplingParams(temperature=0.0)], ids, [8]).entries(1)[0]
+    _, top, _ = Sampler().logprobs(logits, [SamplingParams(temperature=0.0)], ids, [8]).entries(1)[0]
     assert all(math.isfinite(v) for _, v in top) and top[-1][1] < -1e30
 
 
@@ -168,7 +168,8 @@ def test_runner_logprobs_match_a_reference_forward(overlap: bool) -> None:
                                  [outputs[f"r{i}"] for i in asked], [1.0, 0.8])
     for ref_rows, i in zip(ref, asked):
         for index, row in enumerate(ref_rows):
-            token_logprob, top = source.logprobs[(f"r{i}", index)]
+            token_logprob, top, prompt = source.logprobs[(f"r{i}", index)]
+            assert prompt is None                                          # it asked for none
             token = outputs[f"r{i}"][index]
             assert abs(token_logprob - row[token]) < 1e-4
             assert [t for t, _ in top] == sorted(range(len(row)), key=lambda v: -row[v])[:len(top)]

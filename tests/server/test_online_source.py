@@ -13,7 +13,7 @@ from runtime.build import build_core  # noqa: E402
 from runtime.core.batch import StepResult  # noqa: E402
 from runtime.core.request import SamplingParams  # noqa: E402
 from runtime.driver import RealDriver  # noqa: E402
-from runtime.engine.logprob_params import LogprobSamplingParams  # noqa: E402
+from runtime.engine.logprob_params import LogprobSamplingParams, TokenLogprobs  # noqa: E402
 from runtime.server.ipc import (  # noqa: E402
     AbortReq, BatchOutput, ControlReply, ControlReq, DetokSpec, TokenizedRequest,
 )
@@ -123,7 +123,8 @@ def letters_with_logprobs(plan) -> StepResult:
     """`letters`, and for requests that ask, logprob -(i + 1) for output token i (top: that token, then 0)."""
     result = letters(plan)
     result.logprobs = [None if not isinstance(it.request.sampling, LogprobSamplingParams) else
-                       (-(len(it.request.output_ids) + 1.0), [(token, -(len(it.request.output_ids) + 1.0)), (0, -99.0)])
+                       TokenLogprobs(-(len(it.request.output_ids) + 1.0),
+                                     [(token, -(len(it.request.output_ids) + 1.0)), (0, -99.0)])
                        for it, token in zip(plan.sampling_items, result.next_token_ids)]
     return result
 

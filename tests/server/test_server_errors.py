@@ -55,7 +55,7 @@ BAD = [  # (id, method, path, body: dict | raw bytes)
     ("empty stop string", "POST", COMPLETIONS, completion(stop=[""])),
     ("stream_options without stream", "POST", CHAT, chat(stream_options={"include_usage": True})),
     ("top_logprobs over 20", "POST", CHAT, chat(logprobs=True, top_logprobs=21)),
-    ("input-token logprobs", "POST", GENERATE, {"text": "a", "return_logprob": True, "logprob_start_len": 0}),
+    ("logprob_start_len past the prompt", "POST", GENERATE, {"text": "a", "return_logprob": True, "logprob_start_len": 9}),
     ("presence penalty", "POST", CHAT, chat(presence_penalty=0.5)),
     ("generate with text and ids", "POST", GENERATE, {"text": "a", "input_ids": [1, 2]}),
     ("generate with neither", "POST", GENERATE, {"sampling_params": {"max_new_tokens": 4}}),

@@ -140,7 +140,9 @@ def test_completion_logprobs_with_the_openai_client(client):
     ("completion logprobs 6", "/v1/completions", {"logprobs": 6}, "logprobs"),
     ("completion logprobs negative", "/v1/completions", {"logprobs": -1}, "logprobs"),
     ("completion logprobs a bool", "/v1/completions", {"logprobs": True}, "logprobs"),
-    ("input-token logprobs", "/generate", {"return_logprob": True, "logprob_start_len": 0}, "logprob_start_len"),
+    ("logprob_start_len past the prompt", "/generate", {"return_logprob": True, "logprob_start_len": 9},
+     "logprob_start_len"),
+    ("logprob_start_len -2", "/generate", {"return_logprob": True, "logprob_start_len": -2}, "logprob_start_len"),
     ("top_logprobs_num 21", "/generate", {"return_logprob": True, "top_logprobs_num": 21}, "top_logprobs_num"),
     ("token_ids_logprob", "/generate", {"return_logprob": True, "token_ids_logprob": [1, 2]}, "token_ids_logprob"),
     ("n > 1 with logprobs", "/v1/chat/completions", {"logprobs": True, "n": 2}, "n"),
@@ -152,5 +154,64 @@ def test_invalid_logprob_requests_are_openai_errors(server, name, path, body, pa
     assert r.status_code == 400, (name, r.text)
     err = r.json()["error"]
     assert err["param"] == param and err["type"] == "invalid_request_error" and err["message"]
-    if param == "logprob_start_len":
-        assert "input-token logprobs" in err["message"]
+    if name == "logprob_start_len past the prompt":
+        assert "the prompt has 3 tokens" in err["message"]
+
+
+# -- prompt tokens (SGLang's input_token_logprobs; completions echo) -------------------------------
+def reference_prompt_log_softmax(runner: ModelRunner, prompt: list[int]) -> list[list[float]]:
+    """log_softmax of a plain forward's logits at every prompt position (no temperature: SGLang
+    reports prompt tokens unscaled)."""
+    fb = ForwardBatch.build([(prompt, 0, list(range(len(prompt))))], runner.device)
+    logits = runner.model.compute_logits(runner.model.hidden_states(fb, runner.pool)).double()    # [L, V]
+    return torch.log_softmax(logits, dim=-1).tolist()
+
+
+PROMPT = [(11 * j) % 90 + 32 for j in range(24)]                 # printable ASCII: one character each
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_generate_input_token_logprobs_equal_a_full_forward(server, reference, stream):
+    body = dict(input_ids=PROMPT, return_logprob=True, logprob_start_len=3, top_logprobs_num=2, stream=stream,
+                sampling_params={"max_new_tokens": 4, "temperature": 0.7, "seed": 3, "ignore_eos": True})
+    if stream:
+        with httpx.stream("POST", f"{server.url}/generate", json=body, timeout=60) as r:
+            events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+        assert all("input_token_logprobs" in e["meta_info"] for e in events)   # from the first chunk on
+        meta = events[-1]["meta_info"]
+    else:
+        meta = generate(server, **body)["meta_info"]
+    ref = reference_prompt_log_softmax(reference, PROMPT)
+    entries, tops = meta["input_token_logprobs"], meta["input_top_logprobs"]
+    assert [t for _, t, _ in entries] == PROMPT[3:] and entries[0][0] is None and tops[0] is None
+    for k in range(1, len(entries)):                          # token PROMPT[3 + k] given the ones before it
+        row = ref[3 + k - 1]
+        assert abs(entries[k][0] - row[PROMPT[3 + k]]) < TOL
+        assert [t for _, t, _ in tops[k]] == sorted(range(len(row)), key=lambda v: -row[v])[:2]
+    assert len(meta["output_token_logprobs"]) == 4
+
+
+def test_generate_default_start_reports_the_last_prompt_token_only(server):
+    meta = generate(server, input_ids=PROMPT, return_logprob=True,
+                    sampling_params={"max_new_tokens": 2, "ignore_eos": True})["meta_info"]
+    assert meta["input_token_logprobs"] == [[None, PROMPT[-1], None]]          # SGLang's logprob_start_len=-1
+
+
+def test_completion_echo_with_logprobs_through_the_openai_client(client, reference):
+    args = dict(model=MODEL, prompt=PROMPT, max_tokens=5, temperature=0, logprobs=2, echo=True,
+                extra_body={"ignore_eos": True})
+    out = client.completions.create(**args)
+    plain = client.completions.create(**{**args, "echo": False})
+    prompt_text = "".join(map(chr, PROMPT))                                    # the byte tokenizer's text
+    assert out.choices[0].text == prompt_text + plain.choices[0].text
+    lp = out.choices[0].logprobs
+    assert len(lp.tokens) == len(PROMPT) + 5 and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    ref = reference_prompt_log_softmax(reference, PROMPT)
+    assert all(abs(lp.token_logprobs[k] - ref[k - 1][PROMPT[k]]) < TOL for k in range(1, len(PROMPT)))
+    assert all(abs(a - b) < TOL for a, b in zip(lp.token_logprobs[len(PROMPT):], plain.choices[0].logprobs.token_logprobs))
+    chunks = list(client.completions.create(**args, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == out.choices[0].text
+    blocks = [c.choices[0].logprobs for c in chunks if c.choices[0].logprobs]
+    assert [t for b in blocks for t in b.tokens] == lp.tokens
+    assert [o for b in blocks for o in b.text_offset] == lp.text_offset
+    assert client.completions.create(**{**args, "logprobs": None}).choices[0].text == out.choices[0].text
