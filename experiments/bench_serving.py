@@ -149,8 +149,7 @@ async def send_all(url: str, backend: str, jobs: list[tuple[RequestSpec, str, by
 
     async def one(spec: RequestSpec, path: str, body: bytes) -> Outcome:
         nonlocal done
-        delay = spec.arrival_s - (time.perf_counter() - origin)
-        if delay > 0:
+        while (delay := spec.arrival_s - (time.perf_counter() - origin)) > 0:   # the loop's timer may wake early
             await asyncio.sleep(delay)
         async with limit:
             out = await send_one(client, backend, spec, path, body, origin)
