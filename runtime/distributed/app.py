@@ -32,7 +32,7 @@ import pandas as pd
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from runtime.build import CoreComponents, build_core, build_layout
+from runtime.build import CoreComponents, build_core, build_layout, check_workload_fits
 from runtime.core.request import RequestSpec
 from runtime.distributed.groups import RankInfo
 from runtime.distributed.launch import RankProcesses, free_port
@@ -169,6 +169,9 @@ def serve(cfg: DictConfig, out_dir: str | Path, collect_output_ids: bool = False
     core = build_core(cfg)
     nnodes = int(cfg.get("nnodes", 1))
     check_layout(core, nnodes)
+    if core.layout.dp > 1:                     # the router here routes them: loaded (and checked) before any spawn
+        specs = specs if specs is not None else instantiate(cfg.workload).requests()
+        check_workload_fits(core, specs)
     plan = node_plan(cfg, core)
     context = mp.get_context("spawn")
     tasks, out_queue = make_tasks(cfg, core, plan, context, out_dir, collect_output_ids, specs)
@@ -179,7 +182,6 @@ def serve(cfg: DictConfig, out_dir: str | Path, collect_output_ids: bool = False
         _wait_ready(procs, len(tasks), out_dir)
         leaders = [t for t in tasks if t.info.is_leader]
         if core.layout.dp > 1:
-            specs = specs if specs is not None else instantiate(cfg.workload).requests()
             if cfg.real.as_fast_as_possible:
                 specs = all_at_once(specs)
             router = instantiate(cfg.router)(num_replicas=core.layout.dp)

@@ -115,9 +115,10 @@ def _run_rank(task: RankTask) -> LeaderResult | dict:
         parallel = ModelParallel(info.tp_rank, info.tp, info.ep, groups.comm()) if groups else SINGLE
     core = build_core(cfg)            # every rank: KV capacity and table sizes; only the leader schedules
     runner = build_model_runner(cfg, core, parallel=parallel, device=info.device)
-    task.out_queue.put(("ready", info.rank, os.getpid()))
+    ready = lambda: task.out_queue.put(("ready", info.rank, os.getpid()))   # noqa: E731
     channel = StepChannel(groups.cpu_group, info.leader_rank) if groups and groups.cpu_group is not None else None
     if not info.is_leader:
+        ready()
         return {"steps": follow(runner, channel, exchange)}
     lockstep = None
     if exchange is not None:
@@ -125,7 +126,7 @@ def _run_rank(task: RankTask) -> LeaderResult | dict:
     elif channel is not None:
         runner.step_sender = channel.send
     try:
-        return lead(task, cfg, core, runner, channel, lockstep)
+        return lead(task, cfg, core, runner, channel, ready, lockstep)
     finally:
         if channel is not None:
             channel.send(STOP)
@@ -155,11 +156,13 @@ def follow(runner, channel, exchange=None) -> int:
         steps += 1
 
 
-def lead(task: RankTask, cfg, core, runner, channel, lockstep=None) -> LeaderResult:
+def lead(task: RankTask, cfg, core, runner, channel, ready, lockstep=None) -> LeaderResult:
     """The TP leader: the scheduler and the real-time driver of one DP replica, over a replay of the
-    workload (dp=1) or the router's inbox (dp > 1). Under DP attention (`lockstep`) the driver runs
-    steps through a LockstepExecutor and idles through a LockstepSource, and the steps' predictions
-    price every rank's step of the round together, as the simulator's DP attention driver does."""
+    workload (dp=1) or the router's inbox (dp > 1). `ready()` reports it set up: the router starts its
+    clock once every rank has, so the driver's clock starts with it (not after loading a cost model).
+    Under DP attention (`lockstep`) the driver runs steps through a LockstepExecutor and idles through
+    a LockstepSource, and the steps' predictions price every rank's step of the round together, as the
+    simulator's DP attention driver does."""
     from hydra.utils import instantiate
 
     from runtime.app import leaked_slots
@@ -180,6 +183,7 @@ def lead(task: RankTask, cfg, core, runner, channel, lockstep=None) -> LeaderRes
         predict = executor.predictor(dp_attention_cost_model(cfg, core))
     driver = RealDriver(core.scheduler, executor, as_fast_as_possible=bool(cfg.real.as_fast_as_possible),
                         progress=bool(cfg.progress) and info.dp == 1, overlap=bool(cfg.overlap), predict=predict)
+    ready()
     if task.inbox is None:
         specs = task.specs if task.specs is not None else instantiate(cfg.workload).requests()
         source, total = ReplaySource(specs, all_at_once=driver.as_fast_as_possible, sleep=time.sleep), len(specs)
