@@ -327,25 +327,28 @@ class SimDriver:
         may finish inside it: its batch shrinks at known steps). Returns (the run's batches, starts,
         ends, resume time, planning times of steps 1..k-1), or None if fewer than two steps remain."""
         groups, durations, hosts = self._run_costs(plan, num_steps, True, prev_end_s, next_arrival)
-        gpu = np.asarray(durations, dtype=np.float64) - hosts
-        times = self._gpu_bound_run_times(gpu, hosts, sched_s, prev_end_s, next_arrival)
+        times = self._gpu_bound_run_times(durations, hosts, sched_s, prev_end_s, next_arrival)
         if times is not None:
             starts, ends, sched = times
         else:
-            starts, ends, sched = self._run_times_stepwise(gpu, hosts.tolist(), sched_s, prev_end_s, next_arrival)
+            starts, ends, sched = self._run_times_stepwise(durations.tolist(), hosts.tolist(), sched_s,
+                                                           prev_end_s, next_arrival)
         k = self.scheduler.decode_run_length(len(ends), ends, next_arrival, overlap=True)
         if k < 2:
             return None
         return groups, starts[:k], ends[:k], ends[k - 2], sched[1:k]
 
     @staticmethod
-    def _gpu_bound_run_times(gpu: np.ndarray, hosts: np.ndarray, sched_s: float, prev_end_s: float,
+    def _gpu_bound_run_times(durations: np.ndarray, hosts: np.ndarray, sched_s: float, prev_end_s: float,
                              next_arrival: float | None):
         """`_run_times_stepwise` at once when every step after the first starts when the one before
         it ends (its host work, started at the end of the step before that, is done by then); the
-        ends are sequential sums, as stepping adds them. None where a step would wait on the host."""
+        ends are sequential sums in stepping's order, end = (start + duration) - host, so they are
+        the very floats stepping gives. None where a step would wait on the host."""
         start0 = max(prev_end_s, sched_s + float(hosts[0]))
-        ends = np.cumsum(np.concatenate(([start0], gpu)))[1:]                     # [k]
+        terms = np.empty(2 * len(durations))                                        # [2k] d0, -h0, d1, -h1, ...
+        terms[0::2], terms[1::2] = durations, -hosts
+        ends = np.cumsum(np.concatenate(([start0], terms)))[2::2]                   # [k]
         planned = np.concatenate(([prev_end_s], ends[:-1]))                         # [k] planning of steps 1..k
         if not (ends[:-1] >= planned[:-1] + hosts[1:]).all():                       # step j's start: max(end, planned + host)
             return None
@@ -359,9 +362,9 @@ class SimDriver:
         return starts, ends, [sched_s, prev_end_s] + ends[:max(num - 2, 0)]
 
     @staticmethod
-    def _run_times_stepwise(gpu: np.ndarray, hosts: list[float], sched_s: float, prev_end_s: float,
+    def _run_times_stepwise(durations: list[float], hosts: list[float], sched_s: float, prev_end_s: float,
                             next_arrival: float | None):
-        """Start, end and planning time of each step of an overlap run, one step at a time."""
+        """Start, end and planning time of each step of an overlap run, one step at a time (as stepping)."""
         starts, ends, sched = [], [], [sched_s, prev_end_s]
         end = prev_end_s
         for j in range(len(hosts)):
@@ -370,7 +373,7 @@ class SimDriver:
             if next_arrival is not None and j >= 1 and sched[j] >= next_arrival:
                 break                       # step j's planning would see the arrival: stop before it
             start = max(end, sched[j] + hosts[j])
-            end = start + gpu[j]
+            end = start + durations[j] - hosts[j]
             starts.append(start)
             ends.append(end)
         return starts, ends, sched

@@ -75,7 +75,8 @@ class DecodeRuns:
         return k
 
     def _bound_without_finishes(self, k: int, now: float) -> int:
-        """`k` cut by the waiting queue (admission) and the free KV slots."""
+        """`k` cut by the waiting queue (admission) and the KV slots: free ones, and with pages of
+        one token and nothing waiting also evictable ones (no step may need a retraction)."""
         sched = self.sched
         if k <= 1:
             return 1
@@ -94,7 +95,10 @@ class DecodeRuns:
         if k <= 1:
             return 1
         if sched.kv.page_size == 1:
-            return max(1, min(k, free_pages // len(sched.running) + 1))
+            # with nothing waiting, leaves the steps evict are the ones stepping would evict (commit):
+            # the run needs only room to allocate, as stepping's retraction check does
+            room = free_pages if sched.waiting else free_pages + sched.kv.cache.evictable_size()
+            return max(1, min(k, room // len(sched.running) + 1))
         lo, hi = 1, k                              # largest k whose pages fit (monotone in k)
         while lo < hi:
             mid = (lo + hi + 1) // 2
@@ -232,11 +236,18 @@ class DecodeRuns:
         for f in finish_steps:
             n = len(members)
             target = min(f + shift, k)
+            evicted = np.zeros(1, dtype=np.int64)   # [1 + leaves] cumulative tokens evicted
             if target > allocated:                   # one allocator call for the steps up to this finish
-                kv.allocate_many([m[0] for m in members], target - allocated, end_s[0])
+                free = kv.allocator.num_free_slots
+                sizes = kv.allocate_many([m[0] for m in members], target - allocated, end_s[0])
+                evicted = np.concatenate(([0], np.cumsum(sizes, dtype=np.int64)))
                 allocated = target
-            for s in range(len(used) + 1, f):
-                used.append(base_used + n * (min(s + shift, k) - base_allocated))
+            if f - 1 > len(used):                    # steps before the finish: allocated through step t
+                t = np.minimum(np.arange(len(used) + 1, f) + shift, k)                   # [m]
+                # stepping evicts at each step until its slots fit: the first leaves reaching the deficit
+                deficit = n * (t - base_allocated) - (free if target > base_allocated else 0)
+                gone = evicted[np.searchsorted(evicted, np.maximum(deficit, 0), side="left")]
+                used.extend((base_used + n * (t - base_allocated) - gone).tolist())
             kept = []
             for member in members:
                 if member[1] == f:

@@ -119,11 +119,14 @@ class KVManager:
             req.num_kv_slots = n + 1
         return slots
 
-    def allocate_many(self, reqs: list[Request], num_tokens: int, now: float) -> None:
-        """`num_tokens` more slots for each request, in one allocator call (page_size 1 only)."""
+    def allocate_many(self, reqs: list[Request], num_tokens: int, now: float) -> list[int]:
+        """`num_tokens` more slots for each request, in one allocator call (page_size 1 only).
+        Returns the tokens of each cache leaf evicted to make room, in order (RadixCache.evict_leaves)."""
         assert self.page_size == 1
         total = num_tokens * len(reqs)
-        if not self.ensure_free_pages(total, now):
+        missing = total - self.allocator.num_free_slots
+        evicted = self.cache.evict_leaves(missing, now) if missing > 0 else []
+        if self.allocator.num_free_slots < total:
             raise MemoryError(f"KV pool exhausted allocating {total} slots for a decode run")
         rows = self.allocator.allocate_slots(0, total, None).reshape(len(reqs), num_tokens)   # [n, k]
         for req, row in zip(reqs, rows):                     # Request.append_kv_slots, inlined
@@ -133,6 +136,7 @@ class KVManager:
                 req._grow_slots(end)
             req._slot_buf[n:end] = row
             req.num_kv_slots = end
+        return evicted
 
     # -- caching and release ----------------------------------------------------------
     def _aligned(self, num_tokens: int) -> int:

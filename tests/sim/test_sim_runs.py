@@ -95,9 +95,7 @@ def test_fast_forward_is_exact(tmp_path, capacity, policy, max_running, overlap)
     req_on, req_off = pd.read_parquet(dir_on / "requests.parquet"), pd.read_parquet(dir_off / "requests.parquet")
     steps_on, steps_off = pd.read_parquet(dir_on / "steps.parquet"), pd.read_parquet(dir_off / "steps.parquet")
     assert len(steps_on) == len(steps_off) and on["num_steps"] == off["num_steps"]
-    pd.testing.assert_frame_equal(steps_on.drop(columns=["start_s", "end_s"]), steps_off.drop(columns=["start_s", "end_s"]))
-    pd.testing.assert_series_equal(steps_on["end_s"], steps_off["end_s"], rtol=1e-9)
-    pd.testing.assert_frame_equal(req_on.drop(columns=["token_times_s"]), req_off.drop(columns=["token_times_s"]), rtol=1e-9)
+    assert_same_records(steps_on, steps_off, req_on, req_off, overlap)
 
 
 @pytest.mark.parametrize("overlap", [False, True])
@@ -124,10 +122,46 @@ def test_fast_forward_spans_finishes_exactly(tmp_path, monkeypatch, overlap, rat
     off, dir_off = simulate(tmp_path, "off", overrides + ["sim.fast_forward=false"])
     steps_on, steps_off = pd.read_parquet(dir_on / "steps.parquet"), pd.read_parquet(dir_off / "steps.parquet")
     req_on, req_off = pd.read_parquet(dir_on / "requests.parquet"), pd.read_parquet(dir_off / "requests.parquet")
+    assert_same_records(steps_on, steps_off, req_on, req_off, overlap)
+    assert _without_wall(on).keys() == _without_wall(off).keys() and on["num_steps"] == off["num_steps"]
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_fast_forward_runs_through_evictions_exactly(tmp_path, monkeypatch, overlap):
+    """A full pool of cached prefixes, nothing waiting: the decode steps evict leaves as they
+    allocate, and runs replay those evictions (the same leaves, the same KV in use per step)."""
+    from runtime.core.kv_manager import KVManager
+    allocate_many = KVManager.allocate_many
+    evicted_in_runs: list[int] = []
+
+    def counting(self, reqs, num_tokens, now):
+        evicted = allocate_many(self, reqs, num_tokens, now)
+        evicted_in_runs.append(len(evicted))
+        return evicted
+
+    monkeypatch.setattr(KVManager, "allocate_many", counting)
+    overrides = ["workload=random", "workload.num_requests=40", "workload.request_rate=20", "workload.input_len=256",
+                 "workload.output_len=96", "workload.range_ratio=0.1", "kv.capacity_tokens=2500", f"overlap={overlap}"]
+    on, dir_on = simulate(tmp_path, "on", overrides + ["sim.fast_forward=true"])
+    assert sum(1 for n in evicted_in_runs if n) >= 3
+    off, dir_off = simulate(tmp_path, "off", overrides + ["sim.fast_forward=false"])
+    assert on["num_steps"] == off["num_steps"] and on["num_retractions"] == 0
+    assert_same_records(pd.read_parquet(dir_on / "steps.parquet"), pd.read_parquet(dir_off / "steps.parquet"),
+                        pd.read_parquet(dir_on / "requests.parquet"), pd.read_parquet(dir_off / "requests.parquet"), overlap)
+
+
+def assert_same_records(steps_on, steps_off, req_on, req_off, overlap: bool) -> None:
+    """Decode runs against stepping: the same decisions, and with overlap the very same floats (a
+    run adds its step times in stepping's order); without, times within 1e-9 (relative)."""
     pd.testing.assert_frame_equal(steps_on.drop(columns=["start_s", "end_s"]), steps_off.drop(columns=["start_s", "end_s"]))
+    if overlap:
+        pd.testing.assert_frame_equal(steps_on, steps_off, check_exact=True)
+        pd.testing.assert_frame_equal(req_on.drop(columns=["token_times_s"]), req_off.drop(columns=["token_times_s"]),
+                                      check_exact=True)
+        assert [list(t) for t in req_on["token_times_s"]] == [list(t) for t in req_off["token_times_s"]]
+        return
     pd.testing.assert_series_equal(steps_on["end_s"], steps_off["end_s"], rtol=1e-9)
     pd.testing.assert_frame_equal(req_on.drop(columns=["token_times_s"]), req_off.drop(columns=["token_times_s"]), rtol=1e-9)
-    assert _without_wall(on).keys() == _without_wall(off).keys() and on["num_steps"] == off["num_steps"]
 
 
 def test_overlap_hides_host_time_and_notices_finishes_one_step_later(tmp_path):

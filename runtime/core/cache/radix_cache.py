@@ -259,6 +259,13 @@ class RadixCache:
         """Evict unlocked leaves in the policy's order until >= num_tokens are freed or nothing is
         evictable; their slots go back to the allocator. A parent left as an unlocked leaf becomes
         a candidate. Returns tokens evicted (may exceed num_tokens). evict(0) is a no-op."""
+        return sum(self.evict_leaves(num_tokens, now))
+
+    def evict_leaves(self, num_tokens: int, now: float) -> list[int]:
+        """`evict`, returning the tokens of each leaf evicted, in order. Several calls with nothing
+        else changing the tree in between pop the same leaves as one call for their sum would:
+        the first leaves whose tokens reach each call's running total."""
+        sizes: list[int] = []
         num_evicted = 0
         freed: list[np.ndarray] = []
         while num_evicted < num_tokens:
@@ -266,10 +273,11 @@ class RadixCache:
             if leaf is None:
                 break
             freed.append(leaf.slots)
-            num_evicted += self._remove_leaf(leaf)
+            sizes.append(self._remove_leaf(leaf))
+            num_evicted += sizes[-1]
         if freed:   # one call; last evicted first, so the free stack ends as with one call per leaf
             self.allocator.free(freed[0] if len(freed) == 1 else np.concatenate(freed[::-1]))
-        return num_evicted
+        return sizes
 
     def reset(self) -> None:
         """Drop every cached prefix, freeing its slots to the allocator. ValueError if any node is

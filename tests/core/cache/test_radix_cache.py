@@ -285,3 +285,22 @@ def test_one_eviction_frees_as_one_call_per_leaf_would(page_size: int) -> None:
                 cache._remove_leaf(leaf)
         return cache.allocator.allocate(0, 64 // page_size * page_size, None)
     assert evict_all(batched=True) == evict_all(batched=False)
+
+
+def test_evicting_step_by_step_pops_the_leaves_one_call_for_the_sum_pops() -> None:
+    """What decode runs rely on: evictions one step at a time (each for the slots its step lacks)
+    free the first leaves whose sizes reach each running total, as one eviction for the total does."""
+    def filled() -> RadixCache:
+        cache = make_cache(num_slots=64)
+        for i, length in enumerate([5, 3, 8, 2, 6, 4]):
+            cache_sequence(cache, [100 * i + t for t in range(length)], now=float(i))
+        return cache
+
+    one, stepped = filled(), filled()
+    sizes = one.evict_leaves(17, now=9.0)
+    assert sizes == [5, 3, 8, 2] and one.evictable_size() == 10        # LRU: oldest leaves first, whole leaves
+    deficits, freed = [4, 9, 12, 17], 0
+    for deficit in deficits:                                           # each step evicts what it still lacks
+        freed += stepped.evict(deficit - freed, now=9.0) if deficit > freed else 0
+    assert freed == sum(sizes) and stepped.evictable_size() == one.evictable_size()
+    assert sorted(n.key[0] for n in stepped.iter_nodes()) == sorted(n.key[0] for n in one.iter_nodes())
