@@ -5,6 +5,7 @@ second of the simulation loop, best of --repeat runs (the trace is loaded once).
   python experiments/bench_sim_speed.py [overrides...]           # prints the row only
   python experiments/bench_sim_speed.py --write [overrides...]   # also appends it to RESULTS_CSV
   python experiments/bench_sim_speed.py --repeat 1 workload.num_requests=2000   # a quick slice
+  python experiments/bench_sim_speed.py kv.check_double_free=false   # without the allocator's double-free checks
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from pathlib import Path
 from hydra.utils import instantiate
 
 from experiments.compose import compose_config
-from runtime.build import build_core
+from runtime.build import build_core, leaked_slots
 from sim.driver import SimDriver
 from sim.executor import SimExecutor
 from sim.gc_pause import gc_paused
@@ -43,8 +44,9 @@ def main() -> None:
     specs = instantiate(cfg.workload).requests()
     load_wall_s = time.perf_counter() - t0
     runs = [simulate_once(cfg, specs, pause_gc=not args.gc) for _ in range(max(1, args.repeat))]
-    outcome, sim_wall_s, sim_cpu_s = min(runs, key=lambda run: run[1])
+    outcome, sim_wall_s, _, _ = min(runs, key=lambda run: run[1])
     best_cpu_s = min(run[2] for run in runs)
+    leaked = max(run[3] for run in runs)
     row = {
         "requests": len(outcome.requests),
         "finished": sum(r.finish_reason is not None and r.finish_reason.value in ("length", "stop") for r in outcome.requests),
@@ -61,6 +63,8 @@ def main() -> None:
         "fast_forward": bool(cfg.sim.fast_forward),
         "overlap": bool(cfg.overlap),
         "gc_paused": not args.gc,
+        "double_free_check": bool(cfg.kv.check_double_free),
+        "leaked_kv_slots": leaked,
         "overrides": " ".join(args.overrides),
         "machine": f"{platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}",
     }
@@ -83,7 +87,8 @@ def append_row(out: Path, row: dict) -> None:
 
 
 def simulate_once(cfg, specs, pause_gc: bool):
-    """One simulation from a fresh core: (outcome, wall s, CPU s) of the loop alone."""
+    """One simulation from a fresh core: (outcome, wall s, CPU s) of the loop alone, and the KV
+    slots neither free nor cached at its end (must be 0)."""
     core = build_core(cfg)
     cost_model = instantiate(cfg.costmodel)(model=core.model, hardware=core.hardware, layout=core.layout)
     driver = SimDriver(core.scheduler, SimExecutor(cost_model, core.model.vocab_size),
@@ -92,7 +97,8 @@ def simulate_once(cfg, specs, pause_gc: bool):
     wall, cpu = time.perf_counter(), time.process_time()
     with gc_paused() if pause_gc else contextlib.nullcontext():
         outcome = driver.run(specs)
-    return outcome, time.perf_counter() - wall, time.process_time() - cpu
+    wall_s, cpu_s = time.perf_counter() - wall, time.process_time() - cpu
+    return outcome, wall_s, cpu_s, leaked_slots(core.scheduler)
 
 
 if __name__ == "__main__":

@@ -79,7 +79,8 @@ def scheduler_config(cfg: DictConfig) -> SchedulerConfig:
 
 def build_scheduler(cfg: DictConfig, model: ModelSpec, capacity_tokens: int) -> Scheduler:
     page_size = int(cfg.cache.page_size)
-    allocator = KVSlotAllocator(capacity_tokens, page_size=page_size)
+    allocator = KVSlotAllocator(capacity_tokens, page_size=page_size,
+                                check_double_free=bool(cfg.kv.get("check_double_free", True)))
     cache = RadixCache(allocator, instantiate(cfg.eviction), page_size=page_size, enabled=bool(cfg.cache.enabled))
     config = scheduler_config(cfg)
     policy = instantiate(cfg.policy)

@@ -37,6 +37,7 @@ class KVSchema:
     dtype_bytes: int = 2                   # 2 = bf16 KV cache, 1 = fp8
     mem_fraction_static: float = 0.88      # share of GPU memory for weights + KV pool (SGLang)
     capacity_tokens: Optional[int] = None  # override THE capacity function (small-pool experiments)
+    check_double_free: bool = True         # false: the slot allocator skips its double-free checks (faster sim)
 
 
 @dataclass

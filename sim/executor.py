@@ -44,8 +44,10 @@ def simulated_streams(specs: Sequence[RequestSpec], vocab_size: int, int_objects
     missing = np.array(lengths, dtype=np.int64) - first                               # [R]
     ends = np.cumsum(missing)                                                         # [R]
     seeds = np.array([_rid_seed(spec.rid) for spec in specs], dtype=np.uint64)        # [R]
-    index = np.arange(int(ends[-1]) if len(specs) else 0, dtype=np.int64) + np.repeat(first - (ends - missing), missing)
-    ids = int_objects[_hashed_ids(index.astype(np.uint64) + np.repeat(seeds, missing), vocab_size)]   # [sum missing]
+    # token j of spec r hashes seed_r + first_r + j - start_r (uint64, wrapping): one repeat per spec
+    offsets = seeds + (first - (ends - missing)).astype(np.uint64)                     # [R]
+    x = np.arange(int(ends[-1]) if len(specs) else 0, dtype=np.uint64) + np.repeat(offsets, missing)
+    ids = int_objects[_hashed_ids(x, vocab_size)]                                      # [sum missing]
     bounds = np.concatenate(([0], ends)).tolist()
     return [known + ids[a:b].tolist() for known, a, b in zip(knowns, bounds[:-1], bounds[1:])]
 

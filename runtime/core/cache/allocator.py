@@ -30,15 +30,18 @@ class KVSlotAllocator:
     check needs them (`_settle`), and those taken back off the stack before then are never written
     at all (an eviction's pages are mostly re-allocated at once). Every check reads settled bytes,
     so every double free is still caught; it costs one sort and one gather per freed page.
+    `check_double_free=False` keeps no byte map at all (no double-free checks, no `is_allocated`):
+    the slots come out in the same order; a double free then shows only in the slot counts.
     """
 
-    def __init__(self, num_slots: int, page_size: int = 1) -> None:
+    def __init__(self, num_slots: int, page_size: int = 1, check_double_free: bool = True) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         if num_slots < page_size:
             raise ValueError(f"num_slots ({num_slots}) must hold at least one page of {page_size}")
         self.page_size: int = page_size
         self.num_pages: int = num_slots // page_size
+        self.check_double_free = check_double_free
         self._stack = np.empty(0, dtype=SLOT_DTYPE)   # free pages; the top is _stack[_top - 1]
         self._top = 0
         self._settled_top = 0     # _stack[_settled_top:_top]: free pages whose byte still reads 1
@@ -65,8 +68,11 @@ class KVSlotAllocator:
         return self.capacity_slots - self.num_free_slots
 
     def is_allocated(self, slot: int) -> bool:
-        """Whether the page holding `slot` is allocated. ValueError if out of range."""
+        """Whether the page holding `slot` is allocated. ValueError if out of range; RuntimeError
+        without double-free checks (no byte map is kept)."""
         self._check_range(slot, slot)
+        if not self.check_double_free:
+            raise RuntimeError("is_allocated needs the allocator's double-free checks (check_double_free=True)")
         self._settle()
         return bool(self._page_allocated[slot // self.page_size])
 
@@ -120,7 +126,7 @@ class KVSlotAllocator:
         if last_slot is None:
             raise ValueError(f"last_slot is required to continue a page at position {start_pos}")
         last_slot = int(last_slot)
-        if last_slot % self.page_size != offset - 1 or not self.is_allocated(last_slot):
+        if last_slot % self.page_size != offset - 1 or (self.check_double_free and not self.is_allocated(last_slot)):
             raise ValueError(
                 f"last_slot {last_slot} is not an allocated slot at page offset {offset - 1} "
                 f"(position {start_pos - 1}, page_size {self.page_size})"
@@ -138,13 +144,14 @@ class KVSlotAllocator:
         fresh = num_pages - from_stack
         pages = np.empty(num_pages, dtype=SLOT_DTYPE)
         pages[:from_stack] = self._stack[low:top][::-1]
-        if low < self._settled_top:                  # pages freed and settled before: bytes back to 1
+        if low < self._settled_top and self.check_double_free:   # freed and settled before: bytes back to 1
             self._page_allocated[self._stack[low:self._settled_top]] = 1
             self._settled_top = low
         if fresh:
             start = self._fresh_page
             pages[from_stack:] = np.arange(start, start + fresh, dtype=SLOT_DTYPE)
-            self._page_allocated[start:start + fresh] = 1
+            if self.check_double_free:
+                self._page_allocated[start:start + fresh] = 1
             self._fresh_page += fresh
         self._top = low
         return pages
@@ -165,6 +172,14 @@ class KVSlotAllocator:
                 return
             index = np.fromiter(slots, dtype=np.int64, count=len(slots))
         ps = self.page_size
+        if not self.check_double_free:
+            self._check_range(int(index.min()), int(index.max()))
+            if ps > 1:
+                raw = index // ps
+                _, first = np.unique(raw, return_index=True)
+                index = raw[np.sort(first)]                  # distinct, in the order first named
+            self._push(index)
+            return
         if ps == 1:
             pages = index
             ordered = np.sort(pages)                         # range and repeats from one sort
@@ -185,9 +200,12 @@ class KVSlotAllocator:
         if not slots:
             return
         self._check_range(min(slots), max(slots))
-        self._settle()
         ps = self.page_size
         pages = slots if ps == 1 else list(dict.fromkeys(slot // ps for slot in slots))
+        if not self.check_double_free:
+            self._push(np.array(pages, dtype=SLOT_DTYPE))
+            return
+        self._settle()
         allocated = self._page_allocated
         for i, page in enumerate(pages):
             if not allocated[page]:

@@ -246,3 +246,26 @@ def test_lazily_written_bytes_catch_every_double_free(ops: list[tuple[str, int, 
         assert allocator.num_free_slots == 512 - len(reference.allocated)
     assert all(allocator.is_allocated(s) for s in held)
     assert allocator.allocate(0, allocator.num_free_slots, None) == reference.allocate(512 - len(reference.allocated))
+
+
+@settings(max_examples=100, deadline=None)
+@given(page_size=st.sampled_from([1, 4]),
+       ops=st.lists(st.tuples(st.booleans(), st.integers(0, 300), st.integers(0, 10**6)), max_size=30))
+def test_without_double_free_checks_slots_come_out_the_same(page_size: int, ops: list[tuple[bool, int, int]]) -> None:
+    """check_double_free=False keeps no byte map: the same calls hand out the same slots."""
+    checked, unchecked = KVSlotAllocator(1024, page_size), KVSlotAllocator(1024, page_size, check_double_free=False)
+    held: list[list[int]] = []
+    for allocate, num, seed in ops:
+        if allocate and checked.can_allocate(0, num):
+            held.append(checked.allocate(0, num, None))
+            assert unchecked.allocate(0, num, None) == held[-1]
+        elif not allocate and held:
+            seq = held.pop(seed % len(held))
+            checked.free(seq)
+            unchecked.free(seq)
+        assert checked.num_free_slots == unchecked.num_free_slots
+    if page_size > 1:                                                  # a page still continues
+        first = unchecked.allocate(0, 2, None) if unchecked.can_allocate(0, 3) else None
+        assert first is None or unchecked.allocate(2, 1, first[-1]) == [first[-1] + 1]
+    with pytest.raises(RuntimeError):
+        unchecked.is_allocated(0)
