@@ -1,7 +1,8 @@
 """DP attention on the model side (CPU, gloo): tp=4 dp=2 (two attention ranks of two GPUs each) gives
 each attention rank the logits one whole model gives its own batch (fp32, <= 1e-5 relative), through
 prefills, decodes, an extend over a cached prefix and steps in which one rank is idle (its idle step
-still serves the other's MLP); and the exchange refuses a step whose token counts disagree."""
+still serves the other's MLP); the exchange refuses a step whose token counts disagree, and mode=real
+refuses DP attention for a model without MLA."""
 from __future__ import annotations
 
 import pytest
@@ -90,3 +91,13 @@ def test_a_step_whose_counts_disagree_is_refused():
     assert exchange.padded_rows(3) == 5
     with pytest.raises(ValueError, match="3 token counts for 2 attention ranks"):
         exchange.set_step_tokens([1, 2, 3])
+
+
+def test_mode_real_refuses_dp_attention_for_a_gqa_model():
+    from runtime.build import build_core
+    from runtime.distributed.app import check_layout
+
+    cfg = compose_config(["mode=real", "model=tiny_llama", "hardware=cpu", "tp=2", "dp=2", "dp_attention=true",
+                          "kv.capacity_tokens=1000"])
+    with pytest.raises(ValueError, match="dp_attention in mode=real needs an MLA model"):
+        check_layout(build_core(cfg), nnodes=1)
