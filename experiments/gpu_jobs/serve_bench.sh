@@ -5,7 +5,8 @@
 # (SKIP_REPLAY=1 skips it). The server's dependencies (fastapi, uvicorn, uvloop, httptools, pyzmq,
 # prometheus_client) must be among the carried wheels: pip download them for cp312 manylinux into .whl/.
 # Besides the summaries, OUT gets each rate's server-side step records and the replay's, so that the
-# step times and the gaps between steps of the two can be compared.
+# step times and the gaps between steps of the two can be compared, and frontend_*.json: the HTTP front
+# end alone on this host's CPU (experiments/bench_frontend.py, a fake model stepping like the served one).
 #   bash experiments/gpu_jobs/serve_bench.sh OUT
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl 2>/dev/null || exit 1
@@ -15,6 +16,14 @@ W="workload=random workload.input_len=1024 workload.output_len=256 workload.rang
 RATES="16 48 96"
 CLIENTS=${CLIENTS:-4}           # client processes: one alone falls behind hundreds of streams
 python3 -c "import uvloop, httptools" 2>/dev/null || echo "WARNING: uvloop/httptools missing: the server runs on asyncio + h11"
+# the front end alone (~40 s; SKIP_FRONTEND=1 skips it): rate and fake step (ms), ~80 and ~500 streams of 256 tokens
+for spec in "16 20" "48 40"; do
+  [ -n "${SKIP_FRONTEND:-}" ] && break
+  read -r rate step <<< "$spec"
+  python experiments/bench_frontend.py --rate $rate --num-requests $((10 * rate)) --output-len 256 --step-ms $step \
+    --client-processes $CLIENTS --out $WORK/frontend_$rate > $WORK/frontend_$rate.log 2>&1 \
+    && cp $WORK/frontend_$rate/frontend.json $OUT/frontend_$rate.json || tail -3 $WORK/frontend_$rate.log
+done
 python run.py mode=serve progress=false hydra.run.dir=$WORK/server > $WORK/serve.log 2>&1 & S=$!
 for _ in $(seq 120); do curl -sf localhost:30000/health >/dev/null && break; sleep 2; done
 grep -m1 "serving" $WORK/serve.log

@@ -67,7 +67,9 @@ class OnlineSource:
 
     # -- RequestSource --------------------------------------------------------------------------
     def poll(self, now_s: float) -> list[Request]:
-        self.flush()
+        """New requests (aborts and control requests are taken too); then the outputs of the steps since
+        the last poll go out. After the intake, so that a client that saw a request end (say, by a stop
+        string, whose abort the driver applies right after this poll) cannot ask about it before then."""
         if self._clock_offset_s is None:
             self._clock_offset_s = self.clock() - now_s
         new: list[Request] = []
@@ -85,6 +87,7 @@ class OnlineSource:
                     self._aborts.append(msg.rid)
             elif isinstance(msg, ControlReq):
                 self._on_control(msg)
+        self.flush()
         return new
 
     def aborted_rids(self) -> list[str]:
