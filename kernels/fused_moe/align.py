@@ -4,12 +4,15 @@ Legend: M = tokens, K = top-k, E = experts, BM = block size (rows of one GEMM ti
 EM = capacity of sorted_token_ids (a bound the host knows, so nothing here waits for the device).
 
 Contract, identical for both versions (bit for bit):
+  topk_ids [M, K]              expert ids in [0, E), or SKIP_EXPERT (-1; any negative id) for a pair this
+                               call must not compute (expert parallelism: an expert another rank holds).
   sorted_token_ids [EM] int32  flat indices t*K+k grouped by expert in ascending expert order, stable
                                within an expert; each group padded with the sentinel M*K to a multiple of
-                               BM; the unused tail is all sentinel.
+                               BM; the unused tail is all sentinel. Skipped pairs appear nowhere.
   expert_ids [EM/BM] int32     the expert of every block; -1 for blocks past num_tokens_post_padded.
-  num_tokens_post_padded [1]   int32, the used length of sorted_token_ids (a multiple of BM).
-  Experts without tokens get no block.
+  num_tokens_post_padded [1]   int32, the used length of sorted_token_ids (a multiple of BM); it counts
+                               only the pairs to compute, so the GEMMs' blocks past it exit at once.
+  Experts without tokens get no block. EM stays the worst case of M*K pairs (static shapes for graphs).
 
 Versions:
   v1 moe_align_block_size_torch: argsort + searchsorted, about ten small torch launches; the oracle.
@@ -29,6 +32,7 @@ SUB_ROWS = 64         # flat slots one align program handles per loop step
 MAX_PROGRAMS = 64     # chunk programs in v2; the prefix program holds a [P, E] tile
 FILL_BLOCK = 1024     # sentinel stores per loop step
 BLOCKS_PER_STEP = 64  # expert_ids written per loop step
+SKIP_EXPERT = -1      # topk id of a pair to leave out (SGLang's id for an expert off this EP rank)
 
 
 class AlignedRouting(NamedTuple):
@@ -49,17 +53,22 @@ def moe_align_block_size_torch(topk_ids: torch.Tensor, block_size: int, num_expe
     num_slots = topk_ids.numel()
     capacity = padded_capacity(num_slots, block_size, num_experts)
     flat = topk_ids.reshape(-1).long()                                   # [M*K]
-    order = torch.argsort(flat, stable=True)                             # [M*K] slots grouped by expert
-    sorted_experts = flat[order]
+    keys = torch.where(flat < 0, num_experts, flat)                      # skipped pairs sort last (key E)
+    order = torch.argsort(keys, stable=True)                             # [M*K] slots grouped by expert
+    sorted_keys = keys[order]
+    kept = sorted_keys < num_experts                                     # [M*K] False for skipped pairs
+    sorted_experts = sorted_keys.clamp_max(num_experts - 1)
     experts = torch.arange(num_experts, device=device)
-    ends = torch.searchsorted(sorted_experts, experts, right=True)      # [E] inclusive prefix of counts
+    ends = torch.searchsorted(sorted_keys, experts, right=True)         # [E] inclusive prefix of counts
     counts = torch.diff(ends, prepend=ends.new_zeros(1))
     padded = (counts + block_size - 1) // block_size * block_size
     padded_ends = padded.cumsum(0)                                       # [E]
     rank = torch.arange(num_slots, device=device) - (ends - counts)[sorted_experts]
     dest = (padded_ends - padded)[sorted_experts] + rank                 # [M*K] position of each slot
-    sorted_ids = torch.full((capacity,), num_slots, dtype=torch.int32, device=device)
+    dest = torch.where(kept, dest, capacity)                             # skipped: one scratch slot past EM
+    sorted_ids = torch.full((capacity + 1,), num_slots, dtype=torch.int32, device=device)
     sorted_ids.scatter_(0, dest, order.to(torch.int32))
+    sorted_ids = sorted_ids[:capacity]
     block_starts = torch.arange(capacity // block_size, device=device) * block_size
     total = padded_ends[-1]
     expert_ids = torch.searchsorted(padded_ends, block_starts, right=True)  # first expert ending past the block
@@ -73,7 +82,8 @@ def _align_count_kernel(
     num_slots, capacity, chunk_len, fill_len,
     E_POW2: tl.constexpr, SUB: tl.constexpr, FILL: tl.constexpr,
 ):
-    """Program p: histogram of its chunk of slots -> partial[p, :]; sentinel-fill its slice of sorted."""
+    """Program p: histogram of its chunk of slots -> partial[p, :] (negative ids count nowhere);
+    sentinel-fill its slice of sorted."""
     pid = tl.program_id(0)
     experts = tl.arange(0, E_POW2)
     counts = tl.zeros([E_POW2], dtype=tl.int32)
@@ -121,7 +131,8 @@ def _align_scatter_kernel(
     num_slots, chunk_len,
     E_POW2: tl.constexpr, SUB: tl.constexpr,
 ):
-    """Program p: write each slot of its chunk at base[p, e] + (its rank among earlier slots of e)."""
+    """Program p: write each slot of its chunk at base[p, e] + (its rank among earlier slots of e);
+    skipped slots (negative ids) match no expert and are not written."""
     pid = tl.program_id(0)
     experts = tl.arange(0, E_POW2)
     running = tl.load(base_ptr + pid * E_POW2 + experts)                         # [E] next free position
@@ -132,7 +143,7 @@ def _align_scatter_kernel(
         onehot = (ids[:, None] == experts[None, :]).to(tl.int32)                # [SUB, E]
         rank = tl.cumsum(onehot, axis=0) - 1                                     # [SUB, E] stable rank
         pos = tl.sum(onehot * (running[None, :] + rank), axis=1)                # [SUB]
-        tl.store(sorted_ptr + pos, offs, mask=valid)
+        tl.store(sorted_ptr + pos, offs, mask=valid & (ids >= 0))
         running += tl.sum(onehot, axis=0)
 
 

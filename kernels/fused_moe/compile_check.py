@@ -24,6 +24,7 @@ from triton.compiler import ASTSource
 
 from kernels.small_ops.triton_act import _silu_and_mul_kernel
 from kernels.fused_moe.align import _align_count_kernel, _align_prefix_kernel, _align_scatter_kernel
+from kernels.fused_moe.combine import _topk_sum_kernel
 from kernels.fused_moe.config import FP8_GROUP, default_config, fit_config, split_config
 from kernels.fused_moe.gemm import _moe_gemm_kernel
 from kernels.fused_moe.quant import _per_token_group_quant_kernel
@@ -103,6 +104,9 @@ def helper_kernels() -> list[tuple[str, object]]:
         ("align scatter", lambda: compile_kernel(_align_scatter_kernel, {
             "topk_ids_ptr": "*i64", "base_ptr": "*i32", "sorted_ptr": "*i32", "num_slots": i32,
             "chunk_len": i32}, {"E_POW2": 256, "SUB": 64}, 4)),
+        ("topk sum", lambda: compile_kernel(_topk_sum_kernel, {
+            "rows_ptr": "*bf16", "ids_ptr": "*i32", "out_ptr": "*bf16", "size_h": i32, "stride_rm": i32,
+            "stride_om": i32, "stride_it": i32, "stride_ik": i32}, {"TOP_K": 8, "BLOCK_H": 1024}, 4)),
         ("quant fp8", lambda: compile_kernel(_per_token_group_quant_kernel, {
             "x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "size_d": i32, "num_groups": i32,
             "stride_xm": i32, "stride_qm": i32, "stride_sm": i32},

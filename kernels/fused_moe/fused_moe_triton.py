@@ -3,8 +3,11 @@ epilogue, down GEMM with the routing weight, sum over top-k. Matches ref.fused_m
 
 Legend: M = tokens, H = hidden, I = intermediate size per shard, E = experts, K = top-k, S = M*K slots.
 Launches: align (3) -> [fp8: quant hidden] -> gate_up (v2 gated epilogue; v1: GEMM + silu_and_mul)
--> [fp8: quant act] -> down (x topk weight) -> torch sum over K (skipped when K = 1).
+-> [fp8: quant act] -> down (x topk weight) -> sum over K (combine.topk_sum).
 No host sync, so the whole call can be captured in a CUDA graph.
+Expert parallelism: a topk id of -1 (align.SKIP_EXPERT) marks a pair of an expert another rank holds.
+It gets no GEMM row (the align step leaves it out, so the GEMMs run only this rank's pairs; the buffers
+keep their worst-case sizes) and the sum skips it, so the output is this rank's share of the top-k sum.
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import triton
 
 from kernels.small_ops.triton_act import silu_and_mul_triton as silu_and_mul
 from kernels.fused_moe.align import moe_align_block_size
+from kernels.fused_moe.combine import topk_sum
 from kernels.fused_moe.config import FP8_GROUP, dtype_name, fit_config, get_config, split_config
 from kernels.fused_moe.gemm import invoke_moe_gemm
 from kernels.fused_moe.quant import FP8_DTYPE, per_token_group_quant_fp8
@@ -23,7 +27,7 @@ def fused_moe(
     w13: torch.Tensor,           # [E, 2I, H] gate rows then up rows; same dtype as hidden, or fp8
     w2: torch.Tensor,            # [E, H, I]
     topk_weights: torch.Tensor,  # [M, K] float
-    topk_ids: torch.Tensor,      # [M, K] int32/int64
+    topk_ids: torch.Tensor,      # [M, K] int32/int64 in [0, E), or -1: a pair to skip (another EP rank's)
     *,
     config: dict | None = None,        # launch config (config.py); None = tuned table or heuristic
     inplace: bool = False,             # write the result into `hidden`
@@ -61,13 +65,10 @@ def fused_moe(
         silu_and_mul(gate_up, out=act)
 
     a2, a2_scale = per_token_group_quant_fp8(act) if use_fp8 else (act, None)
-    down = out if top_k == 1 else torch.empty(num_slots, hidden_size, dtype=hidden.dtype,
-                                              device=hidden.device)                     # [S, H]
+    down = torch.empty(num_slots, hidden_size, dtype=hidden.dtype, device=hidden.device)   # [S, H]
     invoke_moe_gemm(a2, w2, down, routing, down_cfg, num_valid_slots=num_slots, a_row_divisor=1,
                     topk_weights=topk_weights.reshape(-1), a_scale=a2_scale, b_scale=w2_scale)
-    if top_k > 1:
-        torch.sum(down.view(num_tokens, top_k, hidden_size), dim=1, out=out)
-    return out
+    return topk_sum(down, topk_ids, out)   # rows of skipped pairs were never written: not read
 
 
 def _check_shapes(hidden, w13, w2, topk_weights, topk_ids, use_fp8, w13_scale, w2_scale) -> None:

@@ -6,7 +6,10 @@ N = output columns of this GEMM, D = its reduction length (H for gate_up, I for 
 
 One program computes a [BM, BN] tile of out[slot, :] = A[row(slot)] @ B[expert].T for the BM slots of
 one aligned block (all routed to one expert; sentinel rows are masked). B is stored [E, N, D] (nn.Linear
-layout) so a [BK, BN] tile of B.T reads D-contiguous rows.
+layout) so a [BK, BN] tile of B.T reads D-contiguous rows. The grid covers the worst-case EM rows (a
+static shape for CUDA graphs); programs past num_tokens_post_padded return before any load, so pairs the
+align step left out (expert parallelism: other ranks' experts) cost only those early exits, and
+their output rows are never written.
 
 Versions:
   v1 plain tile (GATED=False): gate_up writes [S, 2I], a separate silu_and_mul launch makes [S, I].

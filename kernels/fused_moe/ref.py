@@ -2,6 +2,8 @@
 
 Legend: T = tokens, H = hidden size, I = expert intermediate size, E = experts, K = experts per token.
 Weight layout (SGLang's): w13 [E, 2I, H] holds gate (rows :I) then up (rows I:); w2 [E, H, I].
+A negative topk id (-1, align.SKIP_EXPERT: an expert another EP rank holds) marks a pair that adds
+nothing, as in the Triton kernel.
 """
 from __future__ import annotations
 
@@ -16,8 +18,9 @@ def fused_moe_ref(
     topk_weights: torch.Tensor,  # [T, K] float, already normalised/scaled as the model wants
     topk_ids: torch.Tensor,      # [T, K] int
 ) -> torch.Tensor:               # [T, H]
-    """sum_k topk_weights[t, k] * w2[e] @ (silu(gate_e x_t) * up_e x_t), e = topk_ids[t, k].
-    Loops over the experts that received tokens; computes in float32, returns hidden.dtype."""
+    """sum_k topk_weights[t, k] * w2[e] @ (silu(gate_e x_t) * up_e x_t), e = topk_ids[t, k], over the
+    pairs with e >= 0. Loops over the experts that received tokens; computes in float32, returns
+    hidden.dtype."""
     num_tokens, hidden_size = hidden.shape
     out = torch.zeros(num_tokens, hidden_size, dtype=torch.float32, device=hidden.device)
     if num_tokens == 0:
@@ -27,6 +30,8 @@ def fused_moe_ref(
     flat_token = torch.arange(num_tokens, device=hidden.device).repeat_interleave(topk_ids.shape[1])
     flat_weight = topk_weights.reshape(-1).float()
     for expert in torch.unique(flat_ids).tolist():
+        if expert < 0:
+            continue                                                  # skipped pairs (another EP rank's)
         sel = (flat_ids == expert).nonzero(as_tuple=True)[0]          # [n]
         tokens = flat_token[sel]
         x = hidden[tokens].float()                                    # [n, H]
@@ -94,6 +99,8 @@ def fused_moe_fp8_ref(
     flat_token = torch.arange(num_tokens, device=hidden.device).repeat_interleave(topk_ids.shape[1])
     flat_weight = topk_weights.reshape(-1).float()
     for expert in torch.unique(flat_ids).tolist():
+        if expert < 0:
+            continue
         sel = (flat_ids == expert).nonzero(as_tuple=True)[0]
         tokens = flat_token[sel]
         w13_e = dequantize_block_fp8_ref(w13[expert:expert + 1], w13_scale[expert:expert + 1])[0]   # [2I, H]

@@ -62,8 +62,10 @@ def local_expert_routing(topk_weights: torch.Tensor, topk_ids: torch.Tensor, fir
                          num_local: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Expert parallelism over tokens every rank holds (attention is TP, so the hidden states are
     replicated): dispatch is local selection, the combine is the decoder layer's all-reduce. Pairs
-    routed to another rank's experts keep weight 0 and point at local expert 0 (shapes stay static for
-    CUDA graphs; their product is multiplied by 0). [T, K], [T, K] -> weights [T, K], local ids [T, K] in [0, El)."""
+    routed to this rank's experts get local ids; the others get -1 (SGLang's id for an expert off this
+    rank, kernels.fused_moe.align.SKIP_EXPERT), which the fused MoE and its reference leave out: no GEMM
+    row, nothing added, so each rank computes only its own pairs while every shape stays static for
+    CUDA graphs. Weights pass through unchanged (a skipped pair's weight is never read).
+    [T, K], [T, K] -> weights [T, K], ids [T, K] in [0, El) or -1."""
     local = topk_ids - first_expert
-    mine = (local >= 0) & (local < num_local)
-    return topk_weights.masked_fill(~mine, 0.0), torch.where(mine, local, torch.zeros_like(local))
+    return topk_weights, local.masked_fill((local < 0) | (local >= num_local), -1)
