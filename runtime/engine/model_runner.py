@@ -204,7 +204,8 @@ class ModelRunner:
         return StepInputs(self.batches.host(plan), rows, self.future.reserve(len(rows)),
                           None if all(map(is_greedy, sampling)) and not asks else sampling,
                           [len(it.request.output_ids) for it in items], top_nums if asks else None,
-                          prompt_asks(plan))
+                          # a prompt's log-probabilities: asked by a sampling row's request, or by a chunk's
+                          prompt_asks(plan) if asks or len(rows) < len(plan.items) else None)
 
     @torch.no_grad()
     def run(self, inputs: StepInputs) -> tuple[torch.Tensor, SampledLogprobs | None]:
