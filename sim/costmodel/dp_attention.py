@@ -16,8 +16,8 @@ from sim.costmodel.base import StepShape
 from sim.costmodel.collectives import CollectiveCost
 
 ATTENTION_OPS = ("attn_proj", "attn_prefill", "attn_decode")
-REPRICED_OPS = ("tp_allreduce", "ep_alltoall", "launch", "cpu_overhead")
-COMM_OPS = ("attn_tp_allreduce", "dp_gather", "mlp_reduce_scatter", "ep_alltoall")
+REPRICED_OPS = ("tp_allreduce", "launch", "cpu_overhead")
+COMM_OPS = ("attn_tp_allreduce", "dp_gather", "mlp_reduce_scatter")
 
 
 def merge_shapes(shapes: Sequence[StepShape]) -> StepShape:
@@ -36,11 +36,11 @@ class DPAttentionCostModel:
          + MLP/MoE, lm_head, sampler, norms of the merged batch on the full tp (and ep) layout
          + communication, per layer:
              attention all-reduce over attention_tp GPUs of T_max x H (when attention_tp > 1);
-             TP MLP (dense layers, and MoE layers when ep == 1): all-gather over the D ranks of
-               the padded D x T_max x H hidden states, then reduce-scatter over tp GPUs of the
-               same buffer (each rank keeps its own tokens' MLP output);
-             EP MoE (ep > 1): no gather -- each rank dispatches its own tokens: two all-to-alls
-               over ep GPUs of T_max x k x H (dispatch and combine, DeepEP style);
+             every MLP/MoE layer: all-gather over the D ranks of the padded D x T_max x H hidden
+               states, then reduce-scatter over tp GPUs of the same buffer (each rank keeps its
+               own tokens' MLP output). With ep > 1 the MoE runs expert-parallel on the gathered
+               tokens as the runtime does: each GPU computes the pairs of its own experts (the
+               MLP cost model's MoE pricing) and the reduce-scatter is the combine; no all-to-all;
          + the slowest rank's launch and scheduler time.
     Collectives are priced as replayed from a CUDA graph when every rank decodes (or idles) within
     the cost model's graph limit, else eagerly. `make_cost_model(model=, hardware=, layout=)` is
@@ -100,11 +100,8 @@ class DPAttentionCostModel:
         out = dict.fromkeys(COMM_OPS, 0.0)
         out["attn_tp_allreduce"] = self.model.num_layers * cost(
             "all_reduce", t_max * hidden_bytes, layout.attention_tp, graph)
-        tp_mlp_layers = self.num_dense_layers + (self.num_moe_layers if layout.ep == 1 else 0)
-        out["dp_gather"] = tp_mlp_layers * cost("all_gather", padded_bytes, layout.dp, graph)
-        out["mlp_reduce_scatter"] = tp_mlp_layers * cost("reduce_scatter", padded_bytes, layout.tp, graph)
-        if layout.ep > 1:
-            sent = t_max * self.model.num_experts_per_tok * hidden_bytes
-            out["ep_alltoall"] = self.num_moe_layers * 2 * cost("all_to_all", sent, layout.ep, graph)
+        mlp_layers = self.num_dense_layers + self.num_moe_layers
+        out["dp_gather"] = mlp_layers * cost("all_gather", padded_bytes, layout.dp, graph)
+        out["mlp_reduce_scatter"] = mlp_layers * cost("reduce_scatter", padded_bytes, layout.tp, graph)
         return out
 

@@ -1,7 +1,13 @@
 """Per-operator roofline arithmetic for RooflineCostModel: per-GPU coefficients and pricing.
 
 Plain float arithmetic; no torch, no clock. Legend: T = tokens in the step,
-S = sequences, L = layers, h = q heads per TP rank, E = routed experts, k = experts per token.
+S = sequences, L = layers, h = q heads per TP rank, E = routed experts, k = experts per token,
+El = E / ep experts one GPU holds.
+
+Expert parallelism is priced as the runtime runs it (SGLang's EP inside the TP group without DeepEP):
+every GPU of the group holds every token after attention's all-reduce, computes only the pairs routed
+to its El experts (T * k / ep on average, each expert ep times as wide as under pure TP), and the MoE
+layer's all-reduce over the tp GPUs is the combine. No all-to-all: nothing is dispatched.
 """
 from __future__ import annotations
 
@@ -16,8 +22,8 @@ from sim.costmodel.collectives import CollectiveCost
 STEP_KERNELS = 5   # embedding, final norm, lm_head, two sampler kernels
 # GPU operators of a step, in summation order (decode attention is priced by the model).
 GPU_OPS = ("attn_proj", "attn_prefill", "attn_decode", "dense_mlp", "moe_gate", "moe_experts",
-           "shared_experts", "lm_head", "elementwise", "sampler", "tp_allreduce", "ep_alltoall",
-           "pp_send", "kernel_floor")
+           "shared_experts", "lm_head", "elementwise", "sampler", "tp_allreduce", "pp_send",
+           "kernel_floor")
 
 
 def distinct_experts(num_experts: int, top_k: int, num_tokens: float) -> float:
@@ -74,8 +80,8 @@ class LayerCoefficients:
     router_bytes: float
     num_experts: int
     top_k: int
-    routed_bytes_all_experts: float
-    routed_flops_per_token: float
+    routed_bytes_all_experts: float    # this GPU's El experts (E/ep experts, I*ep/tp wide)
+    routed_flops_per_token: float      # this GPU's k/ep pairs of a token, on average
     moe_act_bytes_per_token: float
     shared_params: float
     shared_bytes: float
@@ -114,7 +120,7 @@ class LayerCoefficients:
         small_dtype = "float32" if model.weight_dtype == "float32" else "bfloat16"
         kv_layer = model.kv_bytes_per_token_per_layer(kv_dtype_bytes, tp)
         attn = _attention_shapes(model, tp, ab, kv_layer)
-        moe_width = model.moe_intermediate_size * layout.ep / tp   # one expert slice per GPU
+        moe_width = model.moe_intermediate_size * layout.ep / tp   # one expert slice per GPU (I * ep / tp)
         shared_width = model.shared_expert_intermediate_size / tp
         k = model.num_experts_per_tok
         # fp8 weights: GEMMs reach fp8_mfu_scale of their bf16 efficiency against the fp8 peak
@@ -143,6 +149,7 @@ class LayerCoefficients:
             router_bytes=moe_b["router"] if moe_b else 0,
             num_experts=model.num_experts, top_k=k,
             routed_bytes_all_experts=moe_b["routed_experts"] if moe_b else 0,
+            # k/ep own pairs per token x 2*3*H*moe_width FLOPs each = 2*k*3*H*I/tp at any ep
             routed_flops_per_token=2 * k * 3 * H * model.moe_intermediate_size / tp,
             moe_act_bytes_per_token=k / layout.ep * (2 * H + 3 * moe_width) * ab,
             shared_params=moe_p["shared_experts"] if moe_p else 0,
@@ -200,7 +207,8 @@ def _count_kernels(model: ModelSpec, layout: ParallelLayout, per_layer: int | No
         total += 7                                    # gate, topk, align, 2 grouped GEMMs, act, sum
         total += 3 if model.shared_expert_intermediate_size else 0
         total += 1 if model.architecture == "qwen2_moe" else 0
-        total += 2 if layout.ep > 1 else collective   # dispatch + combine, or all-reduce
+        total += collective                           # the all-reduce (with ep: the combine)
+        total += 1 if layout.ep > 1 else 0            # ep: other ranks' experts' ids -> -1
     return total
 
 
@@ -267,8 +275,9 @@ def price_fixed_terms(c: LayerCoefficients, extend_new: tuple[int, ...],
 
 
 def moe_experts_s(c: LayerCoefficients, num_tokens: int) -> float:
-    """The fused-MoE grouped GEMMs of one MoE layer over `num_tokens` tokens (routing uniform: the
-    bytes of the distinct experts they touch)."""
+    """The fused-MoE grouped GEMMs of one MoE layer over `num_tokens` tokens on one GPU: its own pairs
+    (T * k / ep) and, routing uniform, the bytes of its El experts that they touch (an expert is
+    touched with probability 1 - (1 - k/E)^T, so the fraction does not depend on ep)."""
     touched = distinct_experts(c.num_experts, c.top_k, num_tokens) / c.num_experts
     return _roof(num_tokens * c.routed_flops_per_token,
                  touched * c.routed_bytes_all_experts + num_tokens * c.moe_act_bytes_per_token,
@@ -307,17 +316,13 @@ def _extend_attention_s(c: LayerCoefficients, extend_new: tuple[int, ...],
 
 def _price_communication(c: LayerCoefficients, gpu: dict[str, float], T: int,
                          collectives: CollectiveCost, graph: bool) -> None:
-    """TP all-reduce of the T x H activations after attention and after each MLP, over tp GPUs.
-    With ep > 1 a MoE layer instead does an all-to-all dispatch and combine over ep GPUs,
-    DeepEP style: each EP rank sends its own T/ep tokens' k copies (the (ep-1)/ep of them that
-    live elsewhere cross the links). pp > 1 sends T x H between consecutive stages."""
+    """TP all-reduce of the T x H activations after attention and after each MLP (dense or MoE), over
+    tp GPUs; with ep > 1 the MoE layer's all-reduce is also the experts' combine (ep divides tp, so
+    the EP group lies inside the TP group). pp > 1 sends T x H between consecutive stages."""
     H, ab = c.hidden_size, c.act_dtype_bytes
     cost = collectives.time_s
     if c.tp > 1:
-        count = c.num_layers + c.num_dense_layers + (c.num_moe_layers if c.ep == 1 else 0)
+        count = c.num_layers + c.num_dense_layers + c.num_moe_layers
         gpu["tp_allreduce"] = count * cost("all_reduce", T * H * ab, c.tp, graph)
-    if c.ep > 1 and c.num_moe_layers:
-        per_rank_bytes = T / c.ep * c.top_k * H * ab
-        gpu["ep_alltoall"] = c.num_moe_layers * 2 * cost("all_to_all", per_rank_bytes, c.ep, graph)
     if c.pp > 1:
         gpu["pp_send"] = (c.pp - 1) * cost("send_recv", T * H * ab, 2, graph)

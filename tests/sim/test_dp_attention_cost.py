@@ -1,5 +1,6 @@
 """DP-attention step pricing: each rank attends over its own requests only, the MLP runs on
-everyone's tokens, and the gathers / reduce-scatters (or EP all-to-alls) are priced per layout."""
+everyone's tokens, and the gathers / reduce-scatters are priced per layout (EP too: its MoE runs
+on the gathered tokens, as in the runtime)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -66,11 +67,10 @@ def test_slowest_rank_sets_the_attention_time_and_idle_ranks_cost_nothing_alone(
 def test_communication_is_priced_per_layout() -> None:
     shapes8 = [decode(32)] * 8
     tp_moe = dpa(8, 8).communication_s(shapes8)
-    assert tp_moe["dp_gather"] > 0 and tp_moe["mlp_reduce_scatter"] > 0 and tp_moe["ep_alltoall"] == 0
+    assert tp_moe["dp_gather"] > 0 and tp_moe["mlp_reduce_scatter"] > 0
     assert tp_moe["attn_tp_allreduce"] == 0                      # attention_tp = 1: nothing to reduce
     ep_moe = dpa(8, 8, ep=8).communication_s(shapes8)
-    assert ep_moe["ep_alltoall"] > 0
-    assert ep_moe["dp_gather"] < tp_moe["dp_gather"]             # only the 3 dense layers gather
+    assert ep_moe == tp_moe                                      # every MLP/MoE layer gathers and scatters
     half = dpa(8, 4).communication_s([decode(64)] * 4)
     assert half["attn_tp_allreduce"] > 0                         # attention_tp = 2
     more = dpa(8, 8).communication_s([decode(128)] * 8)

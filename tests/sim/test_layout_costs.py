@@ -1,5 +1,5 @@
 """The roofline prices every layout up to 64 GPUs: per-rank work shrinks with tp, collectives
-appear per layout (TP all-reduce, EP all-to-all, PP sends, NIC past one node), graph and eager
+appear per layout (TP all-reduce, also EP's combine; PP sends, NIC past one node), graph and eager
 latencies stay apart, a measured table replaces alpha-beta, and cost grows with tokens."""
 from __future__ import annotations
 
@@ -40,8 +40,7 @@ def test_cost_grows_with_tokens_for_every_layout(layout) -> None:
     prefills = [cm.step_time_s(StepShape((n,), (0,))) for n in (64, 1024, 8192)]
     assert decodes == sorted(decodes) and prefills == sorted(prefills)
     parts = cm.breakdown_s(decode(128))
-    assert parts["tp_allreduce"] > 0 or layout.tp == layout.ep
-    assert (parts["ep_alltoall"] > 0) == (layout.ep > 1)
+    assert parts["tp_allreduce"] > 0 and "ep_alltoall" not in parts
     assert (parts["pp_send"] > 0) == (layout.pp > 1)
 
 
@@ -60,7 +59,7 @@ def test_collective_cost_per_layout() -> None:
     tp16 = cost_model("deepseek_v3", ParallelLayout(tp=16)).breakdown_s(shape)["tp_allreduce"]
     assert tp16 > 3 * tp8
     ep8 = cost_model("deepseek_v3", ParallelLayout(tp=8, ep=8)).breakdown_s(shape)
-    assert ep8["ep_alltoall"] > 0 and ep8["tp_allreduce"] < tp8
+    assert ep8["tp_allreduce"] == pytest.approx(tp8)     # EP's combine is the MoE layer's all-reduce
 
 
 def test_graph_and_eager_collective_latency_apart() -> None:
