@@ -148,8 +148,9 @@ def kv_capacity_tokens(model: ModelSpec, hardware: HardwareSpec, layout: Paralle
 
 
 def weight_bytes_per_gpu(model: ModelSpec, layout: ParallelLayout) -> int:
-    """Weight bytes on the fullest GPU. With dp_attention the attention weights are split only
-    attention_tp ways (replicated across the dp attention ranks), the rest tp ways."""
+    """Weight bytes on the fullest GPU. With dp_attention the attention weights, the embedding and
+    the LM head are split only attention_tp ways (replicated across the dp attention ranks, which
+    embed and sample their own tokens), the rest tp ways."""
     base = model.weight_bytes_per_gpu(layout)
     if layout.attention_tp == layout.tp:
         return base
@@ -157,7 +158,10 @@ def weight_bytes_per_gpu(model: ModelSpec, layout: ParallelLayout) -> int:
     wide = model.layer_weight_bytes_by_part(0, layout.tp)
     extra_per_layer = sum(narrow[p] - wide[p] for p in ("attention", "norms_and_biases"))
     layers_per_stage = -(-model.num_layers // layout.pp)
-    return int(base + layers_per_stage * extra_per_layer)
+    vocab_bytes = (model.embedding_params() * model.bytes_per_param("embedding")
+                   + model.lm_head_params() * model.bytes_per_param("lm_head"))
+    extra_vocab = vocab_bytes * (1 / layout.attention_tp - 1 / layout.tp)
+    return int(base + layers_per_stage * extra_per_layer + extra_vocab)
 
 
 def _no_room_message(model: ModelSpec, hardware: HardwareSpec, layout: ParallelLayout,

@@ -149,7 +149,14 @@ def test_dp_attention_capacity_per_attention_rank(h200: HardwareSpec) -> None:
     dpa = ParallelLayout(tp=8, dp=8, dp_attention=True)
     assert weight_bytes_per_gpu(v3, dpa) > weight_bytes_per_gpu(v3, tp8) == v3.weight_bytes_per_gpu(tp8)
     per_rank = kv_capacity_tokens(v3, h200, dpa)
-    assert 0.8 * kv_capacity_tokens(v3, h200, tp8) < per_rank < kv_capacity_tokens(v3, h200, tp8)
+    # the replicated weights come out of the KV pool, token for token (MLA: the same KV per GPU either way)
+    extra_bytes = weight_bytes_per_gpu(v3, dpa) - weight_bytes_per_gpu(v3, tp8)
+    kv_token_bytes = v3.kv_bytes_per_token_per_layer(2, 1) * v3.num_layers
+    assert abs(kv_capacity_tokens(v3, h200, tp8) - extra_bytes / kv_token_bytes - per_rank) <= 1
+    # each attention rank embeds and samples its own tokens: embedding and LM head whole at attention_tp=1
+    vocab_bytes = v3.embedding_params() * v3.bytes_per_param("embedding") + \
+        v3.lm_head_params() * v3.bytes_per_param("lm_head")
+    assert extra_bytes > vocab_bytes * (1 - 1 / 8)
     llama = load("model", "llama3_8b")         # GQA: KV heads split attention_tp ways, not tp
     gqa = kv_capacity_tokens(llama, h200, ParallelLayout(tp=8, dp=4, dp_attention=True))
     assert gqa < kv_capacity_tokens(llama, h200, ParallelLayout(tp=8))
