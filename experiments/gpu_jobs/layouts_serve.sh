@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call on 2 GPUs: `python run.py mode=real` served with tp=2, tp=2 ep=2 and dp=2 against dp=1 on the same
 # fixed offline workload (summaries copied to OUT/<layout>.json; the table printed at the end).
-#   bash experiments/gpu_jobs/layouts_serve.sh OUT          (LAYOUTS='dp=1;tp=2' picks some)
+#   bash experiments/gpu_jobs/layouts_serve.sh OUT          (LAYOUTS='dp=1;tp=2' picks some;
+#   LAYOUTS='tp=2 dp=2 dp_attention=true' serves with DP attention, eager: CUDA graphs off there)
 # A fresh machine JIT-compiles FlashInfer's prefill for the tp=2 head split first (~1.5 min).
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl 2>/dev/null || exit 1

@@ -9,8 +9,6 @@ import dataclasses
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pandas as pd
@@ -27,7 +25,7 @@ from runtime.build import build_core  # noqa: E402
 from runtime.distributed.app import serve  # noqa: E402
 from runtime.driver import RealDriver  # noqa: E402
 from runtime.engine.build_runner import build_model_runner  # noqa: E402
-from tests.distributed.test_rank_failure import ROOT, _alive, gone  # noqa: E402
+from tests.distributed.test_rank_failure import _alive, gone, launch  # noqa: E402
 from tests.distributed.test_real_layouts import TINY  # noqa: E402
 
 # a lockstep bug hangs collectives: fail within a minute rather than the default ten
@@ -94,19 +92,10 @@ def test_a_rank_without_requests_serves_the_other_to_the_end(tmp_path):
 
 
 def test_a_killed_attention_rank_stops_the_run_naming_it(tmp_path):
-    args = ["mode=real", *DPA, "hardware=cpu", "real.device=cpu", "real.dtype=float32", "progress=false",
-            "workload.num_groups=2", "workload.prompts_per_group=2", "workload.system_prompt_len=32",
-            "workload.question_len=8", "workload.output_len=1500", f"hydra.run.dir={tmp_path}"]
-    proc = subprocess.Popen([sys.executable, "run.py", *args], cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    ranks = tmp_path / "ranks.json"
-    deadline = time.monotonic() + 120
-    while not ranks.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"the run never got ready: {proc.communicate()[1][-2000:]}")
-        time.sleep(0.2)
-    pids = {int(r): pid for r, pid in json.loads(ranks.read_text()).items()}
+    proc, pids = launch(tmp_path, ["mode=real", *DPA, "hardware=cpu", "real.device=cpu", "real.dtype=float32",
+                                   "progress=false", "workload.num_groups=2", "workload.prompts_per_group=2",
+                                   "workload.system_prompt_len=32", "workload.question_len=8",
+                                   "workload.output_len=1500"])
     time.sleep(1.0)                                     # serving by now
     os.kill(pids[1], signal.SIGKILL)
     _, stderr = proc.communicate(timeout=60)

@@ -20,9 +20,10 @@ LONG_RUN = ["mode=real", "model=tiny_mla_moe", "hardware=cpu", "real.device=cpu"
             "workload.question_len=8", "workload.output_len=1500"]
 
 
-def launch(tmp_path: Path) -> tuple[subprocess.Popen, dict[int, int]]:
+def launch(tmp_path: Path, run_args: list[str] = LONG_RUN) -> tuple[subprocess.Popen, dict[int, int]]:
+    """`python run.py *run_args` in the background, once every rank is ready: (process, rank -> pid)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "run.py", *LONG_RUN, f"hydra.run.dir={tmp_path}"], cwd=ROOT, env=env,
+    proc = subprocess.Popen([sys.executable, "run.py", *run_args, f"hydra.run.dir={tmp_path}"], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     ranks = tmp_path / "ranks.json"
     deadline = time.monotonic() + 120
