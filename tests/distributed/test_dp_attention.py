@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import signal
-import time
 
 import pandas as pd
 import pytest
@@ -25,7 +22,7 @@ from runtime.build import build_core  # noqa: E402
 from runtime.distributed.app import serve  # noqa: E402
 from runtime.driver import RealDriver  # noqa: E402
 from runtime.engine.build_runner import build_model_runner  # noqa: E402
-from tests.distributed.test_rank_failure import _alive, gone, launch  # noqa: E402
+from tests.distributed.test_rank_failure import _alive, gone, kill_rank, launch  # noqa: E402
 from tests.distributed.test_real_layouts import TINY  # noqa: E402
 
 # a lockstep bug hangs collectives: fail within a minute rather than the default ten
@@ -96,11 +93,6 @@ def test_a_killed_attention_rank_stops_the_run_naming_it(tmp_path):
                                    "progress=false", "workload.num_groups=2", "workload.prompts_per_group=2",
                                    "workload.system_prompt_len=32", "workload.question_len=8",
                                    "workload.output_len=1500"])
-    time.sleep(1.0)                                     # serving by now
-    os.kill(pids[1], signal.SIGKILL)
-    _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 2, stderr[-2000:]
-    line = [ln for ln in stderr.splitlines() if ln.startswith("error:")]
-    assert len(line) == 1, stderr[-2000:]
-    assert "rank 1 of 2" in line[0] and "attention rank 1 of 2" in line[0] and "killed by SIGKILL" in line[0]
+    line = kill_rank(proc, pids, 1)
+    assert "rank 1 of 2" in line and "attention rank 1 of 2" in line and "killed by SIGKILL" in line
     assert gone(pids.values())

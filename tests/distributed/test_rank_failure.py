@@ -44,15 +44,21 @@ def gone(pids, within_s: float = 15.0) -> bool:
     return False
 
 
-def test_a_killed_rank_stops_the_run_naming_it(tmp_path):
-    proc, pids = launch(tmp_path)
+def kill_rank(proc: subprocess.Popen, pids: dict[int, int], rank: int) -> str:
+    """SIGKILL `rank` of a serving run; the run must end with status 2 and one error line, returned."""
     time.sleep(1.0)                                     # serving by now
-    os.kill(pids[1], signal.SIGKILL)
+    os.kill(pids[rank], signal.SIGKILL)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 2, stderr[-2000:]
-    line = [ln for ln in stderr.splitlines() if ln.startswith("error:")]
-    assert len(line) == 1, stderr[-2000:]
-    assert "rank 1 of 2" in line[0] and "killed by SIGKILL" in line[0] and f"pid {pids[1]}" in line[0]
+    lines = [ln for ln in stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1, stderr[-2000:]
+    return lines[0]
+
+
+def test_a_killed_rank_stops_the_run_naming_it(tmp_path):
+    proc, pids = launch(tmp_path)
+    line = kill_rank(proc, pids, 1)
+    assert "rank 1 of 2" in line and "killed by SIGKILL" in line and f"pid {pids[1]}" in line
     assert gone(pids.values())
 
 
