@@ -13,6 +13,7 @@ import torch
 
 from runtime.core.batch import StepPlan
 from runtime.engine.logprob_params import prompt_logprob_start, top_logprobs_num
+from runtime.engine.sampler import pinned
 
 BLOCK_ROWS = 256       # rows through the LM head at once: bounds the [rows, vocab] float32 logits
 
@@ -60,10 +61,6 @@ class PromptValues:
     def to_host(self) -> "PromptValues":
         if self.token_logprobs.device.type != "cuda":
             return self
-
-        def pinned(t: torch.Tensor) -> torch.Tensor:
-            return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
-
         return PromptValues(self.start, self.top_num, pinned(self.token_logprobs), pinned(self.top_logprobs),
                             pinned(self.top_ids))
 

@@ -151,6 +151,11 @@ class Sampler:
         return tensor.pin_memory().to(self.device, non_blocking=True)
 
 
+def pinned(t: torch.Tensor) -> torch.Tensor:
+    """A copy of a device tensor in pinned host memory, enqueued without waiting."""
+    return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
+
+
 @dataclass
 class SampledLogprobs:
     """One step's log-probabilities of the R rows that asked, on the sampler's device until `to_host`."""
@@ -167,10 +172,6 @@ class SampledLogprobs:
         itself when already on the host."""
         if self.token_logprobs.device.type != "cuda":
             return self
-
-        def pinned(t: torch.Tensor) -> torch.Tensor:
-            return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
-
         prompt = {row: values.to_host() for row, values in self.prompt.items()} if self.prompt else None
         return dataclasses.replace(self, token_logprobs=pinned(self.token_logprobs),
                                    top_logprobs=pinned(self.top_logprobs), top_ids=pinned(self.top_ids),
