@@ -58,10 +58,10 @@ def build_model_runner(cfg: DictConfig, core: CoreComponents, warmup: bool | Non
                          f"is sized for hardware={core.hardware.name}; on CPU use hardware=cpu or set "
                          "kv.capacity_tokens")
     config = core.scheduler.config
+    piecewise_tokens = piecewise_graph_tokens(cfg)         # 0: none (off, no graphs, or tp > 1), as mode=sim reads it
     fast = FastPathConfig(enabled=bool(cfg.real.fast_path), cuda_graph=bool(cfg.real.cuda_graph),
                           cuda_graph_max_bs=graph_max_batch_size(cfg), progress=bool(cfg.progress),
-                          piecewise_cuda_graph=bool(cfg.real.get("piecewise_cuda_graph", False)),
-                          piecewise_max_tokens=max(1, piecewise_graph_tokens(cfg)))
+                          piecewise_cuda_graph=piecewise_tokens > 0, piecewise_max_tokens=max(1, piecewise_tokens))
     runner = ModelRunner(dict(core.model.hf_config), core.kv_capacity_tokens, device=str(device),
                          dtype=cfg.real.dtype, load_format=load_format(cfg, core.model.path),
                          path=core.model.path, seed=int(cfg.seed), fast=fast,

@@ -141,17 +141,14 @@ class ModelRunner:
             num_padded = self.piecewise.bucket(fb)
             if num_padded is not None:
                 return self.piecewise.replay(fb, num_padded)
+        return self.model.compute_logits(self._eager_hidden_states(fb, self.pool)[fb.logits_indices])
+
+    def _eager_hidden_states(self, fb: ForwardBatch, pool) -> torch.Tensor:
+        """Final hidden states of every new token [T, H] by the eager path (`forward`'s eager branch
+        takes the LM head of each sequence's last one)."""
         if self.attn_backend is not None:
             fb.attn_backend = self.attn_backend
             self.attn_backend.plan_step(fb)       # once per step, before any layer
-        return self.model(fb, self.pool)
-
-    def _eager_hidden_states(self, fb: ForwardBatch, pool) -> torch.Tensor:
-        """Final hidden states of every new token [T, H] by the eager path (what `forward(path="eager")`
-        runs before the LM head)."""
-        if self.attn_backend is not None:
-            fb.attn_backend = self.attn_backend
-            self.attn_backend.plan_step(fb)
         return self.model.hidden_states(fb, pool)
 
     def _private_hidden_states(self, ids: list[int]) -> torch.Tensor:
