@@ -17,6 +17,7 @@ from runtime.core.records import StepLog
 from runtime.core.request import Request, RequestSpec
 from runtime.core.router.base import Router
 from runtime.core.scheduler import Scheduler
+from runtime.run_checks import check_drained
 from sim.costmodel.base import StepShape
 from sim.costmodel.dp_attention import DPAttentionCostModel
 from sim.driver import SimDriver
@@ -117,9 +118,7 @@ class DPOutcome:
 
 def _check_drained(schedulers: Sequence[Scheduler]) -> None:
     for replica, sched in enumerate(schedulers):
-        unfinished = [r for r in sched.waiting + sched.running if not r.is_finished]
-        if unfinished or sched.chunked is not None:
-            raise RuntimeError(f"simulation ended with {len(unfinished)} unfinished requests on replica {replica}")
+        check_drained(sched, f" on replica {replica}")
 
 
 class DPSimDriver:
