@@ -91,5 +91,6 @@ def dp_attention_parallel(info, groups) -> tuple[ModelParallel, PaddedTokenExcha
     size = info.attention_tp
     attention_comm = groups.comm() if size > 1 else None
     attention = ModelParallel(info.attention_rank, size, 1, attention_comm)
-    exchange = PaddedTokenExchange(groups.mlp_comm(), attention_comm, info.replica, info.dp, info.attention_rank)
-    return ModelParallel(info.tp_rank, info.tp, info.ep, groups.mlp_comm(), attention, exchange), exchange
+    mlp_comm = groups.mlp_comm()
+    exchange = PaddedTokenExchange(mlp_comm, attention_comm, info.replica, info.dp, info.attention_rank)
+    return ModelParallel(info.tp_rank, info.tp, info.ep, mlp_comm, attention, exchange), exchange

@@ -17,7 +17,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.distributed.groups import RankInfo
+from runtime.distributed.groups import RankInfo, destroy
 
 USER_ERRORS = (ValueError, FileNotFoundError)
 TEARDOWN_S = 20.0          # how long a finished rank waits for its process groups to be destroyed
@@ -64,7 +64,6 @@ def rank_main(task: RankTask) -> None:
     task.out_queue.put(message)        # the result first: tearing the groups down can block (below)
     task.out_queue.close()
     task.out_queue.join_thread()
-    from runtime.distributed.groups import destroy
     if not destroy(TEARDOWN_S):
         os._exit(status)               # NCCL teardown hung: leave without it (the launcher has the result)
     sys.exit(status)
