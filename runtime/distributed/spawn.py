@@ -6,14 +6,13 @@ models and use collectives; tensors come back as numpy arrays.
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import queue
 import traceback
 from typing import Any, Callable
 
-from runtime.distributed.groups import RankInfo, destroy, init_rank_groups
+from runtime.distributed.groups import RankInfo, init_rank_groups
 from runtime.distributed.launch import free_port
-from runtime.distributed.worker import TEARDOWN_S, die_with_parent
+from runtime.distributed.worker import die_with_parent, hand_over_and_tear_down
 
 
 def _plain(value: Any) -> Any:
@@ -37,13 +36,10 @@ def _target(fn: Callable, info: RankInfo, args: tuple, out, cpu_threads: int) ->
         torch.cuda.set_device(torch.device(info.device))
     try:
         groups = init_rank_groups(info) if info.world_size > 1 else None
-        out.put((info.rank, "ok", _plain(fn(info, groups, *args))))
+        message = (info.rank, "ok", _plain(fn(info, groups, *args)))
     except BaseException as err:   # noqa: BLE001 -- reported to the caller
-        out.put((info.rank, "error", f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
-    out.close()
-    out.join_thread()             # the result is on its way before the teardown, which can block
-    if not destroy(TEARDOWN_S):
-        os._exit(0)
+        message = (info.rank, "error", f"{type(err).__name__}: {err}\n{traceback.format_exc()}")
+    hand_over_and_tear_down(out, message, 0)
 
 
 def run_on_ranks(fn: Callable, world: int, *args: Any, tp: int | None = None, ep: int = 1, device: str = "cpu",

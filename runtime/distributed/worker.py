@@ -61,12 +61,19 @@ def rank_main(task: RankTask) -> None:
     except BaseException as err:   # noqa: BLE001 -- reported to the launcher, then this rank exits 1
         user = isinstance(err, USER_ERRORS)
         message, status = ("error", rank, (type(err).__name__, str(err), traceback.format_exc(), user)), 1
-    task.out_queue.put(message)        # the result first: tearing the groups down can block (below)
-    task.out_queue.close()
-    task.out_queue.join_thread()
-    if not destroy(TEARDOWN_S):
-        os._exit(status)               # NCCL teardown hung: leave without it (the launcher has the result)
+    hand_over_and_tear_down(task.out_queue, message, status)
     sys.exit(status)
+
+
+def hand_over_and_tear_down(out_queue: Any, message: tuple, status: int) -> None:
+    """Put a rank's last message on its queue and wait until it is on its way, then destroy the
+    process groups; when that does not end within TEARDOWN_S (NCCL's teardown is collective and can
+    block for good) the rank leaves at once with `status`: the result is already delivered."""
+    out_queue.put(message)
+    out_queue.close()
+    out_queue.join_thread()
+    if not destroy(TEARDOWN_S):
+        os._exit(status)
 
 
 def die_with_parent() -> None:
