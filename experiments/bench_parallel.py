@@ -28,6 +28,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 LAYOUTS = {"tp1": (1, 1), "tp2": (2, 1), "tp2ep2": (2, 2), "tp4": (4, 1), "tp4ep4": (4, 4)}
+# tokens only: DP attention over the tp ranks (each its own requests and KV; MoE across all of them)
+DP_ATTENTION_LAYOUTS = {"tp2dpa": 2, "tp4dpa": 4}
 
 
 def parse_layout(name: str) -> tuple[int, int]:
@@ -224,11 +226,16 @@ def write_results(args: argparse.Namespace, rows: list[dict], report: dict) -> N
 
 
 # -- tokens -----------------------------------------------------------------------------------
-def token_config(args: argparse.Namespace, tp: int, ep: int):
+def token_config(args: argparse.Namespace, name: str):
     from experiments.compose import compose_config
 
+    if name in DP_ATTENTION_LAYOUTS:
+        layout = [f"tp={DP_ATTENTION_LAYOUTS[name]}", f"dp={DP_ATTENTION_LAYOUTS[name]}", "dp_attention=true"]
+    else:
+        tp, ep = parse_layout(name)
+        layout = [f"tp={tp}", f"ep={ep}"]
     return compose_config([
-        "mode=real", f"model={args.model}", f"tp={tp}", f"ep={ep}", f"real.dtype={args.dtype}",
+        "mode=real", f"model={args.model}", *layout, f"real.dtype={args.dtype}",
         f"real.device={args.device}", "real.warmup=false", f"real.cuda_graph_max_bs={args.requests}",
         "real.as_fast_as_possible=true", f"kv.capacity_tokens={args.requests * (args.prompt_len + args.steps) * 2}",
         "progress=false", "print_summary=false"])
@@ -254,13 +261,13 @@ def run_tokens(args: argparse.Namespace, out_dir: Path) -> dict:
 
     outputs = {}
     for name in args.layouts:
-        tp, ep = parse_layout(name)
-        cfg = token_config(args, tp, ep)
+        cfg = token_config(args, name)
         specs = token_specs(args, instantiate(cfg.model).vocab_size)
         started = time.perf_counter()
         with tempfile.TemporaryDirectory() as tmp:
             results, _, _ = serve(cfg, tmp, collect_output_ids=True, specs=specs)
-        outputs[name] = results[0].output_ids
+        # one leader, or (DP attention) one per attention rank, each with the requests routed to it
+        outputs[name] = {rid: ids for result in results.values() for rid, ids in result.output_ids.items()}
         print(f"{name}: served {len(specs)} x {args.steps} tokens in {time.perf_counter() - started:.1f} s", flush=True)
     reference = outputs[args.layouts[0]]
     report = {"model": args.model, "dtype": args.dtype, "requests": args.requests, "steps": args.steps,
