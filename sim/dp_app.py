@@ -4,7 +4,6 @@ router and the cost model, simulate, and write the usual records of all replicas
 """
 from __future__ import annotations
 
-import functools
 import time
 from pathlib import Path
 
@@ -17,11 +16,10 @@ from runtime.metrics import summarize
 from runtime.records_io import requests_frame, steps_frame
 from runtime.run_checks import end_of_run_checks
 from runtime.run_mode import add_costmodel_summary, publish
-from sim.predictor import runtime_graph_limits
-from sim.costmodel.dp_attention import DPAttentionCostModel
 from sim.dp_driver import DPAttentionSimDriver, DPOutcome, DPSimDriver
 from sim.driver import SimDriver
 from sim.executor import SimExecutor
+from sim.predictor import build_cost_model, dp_attention_cost_model
 
 
 def merged_frames(outcome: DPOutcome) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -38,12 +36,11 @@ def merged_frames(outcome: DPOutcome) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def _driver(cfg: DictConfig, cores: list[CoreComponents], router, progress: bool):
     first = cores[0]
-    make_cost_model = functools.partial(instantiate(cfg.costmodel), **runtime_graph_limits(cfg))
     if first.layout.dp_attention:
-        cost_model = DPAttentionCostModel(make_cost_model, first.model, first.hardware, first.layout)
+        cost_model = dp_attention_cost_model(cfg, first)
         executor = SimExecutor(cost_model.attention, vocab_size=first.model.vocab_size)
         return DPAttentionSimDriver([c.scheduler for c in cores], executor, cost_model, router, progress)
-    cost_model = make_cost_model(model=first.model, hardware=first.hardware, layout=first.layout)
+    cost_model = build_cost_model(cfg, first)
     executor = SimExecutor(cost_model, vocab_size=first.model.vocab_size)   # stateless: shared
     drivers = [SimDriver(c.scheduler, executor, fast_forward=bool(cfg.sim.fast_forward),
                          max_run_steps=int(cfg.sim.max_run_steps), progress=False,

@@ -2,6 +2,7 @@
 (every real run is also a fidelity test). Torch-free."""
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 from hydra.utils import instantiate
@@ -27,6 +28,26 @@ def runtime_graph_limits(cfg: DictConfig) -> dict:
 def build_cost_model(cfg: DictConfig, core) -> CostModel:
     return instantiate(cfg.costmodel)(model=core.model, hardware=core.hardware, layout=core.layout,
                                       **runtime_graph_limits(cfg))
+
+
+AUTO_TARGET = "sim.costmodel.auto.auto_cost_model"
+
+
+def dp_attention_cost_model(cfg: DictConfig, core):
+    """The step cost of a DP-attention layout (sim.costmodel.dp_attention), for mode=sim and for the
+    predictions mode=real records. Its parts (attention on attention_tp GPUs, the MLP on all of them)
+    need per-op costs, which a profile of whole one-GPU steps does not split: `costmodel=auto` prices
+    them with its roofline, `costmodel=profiled` is refused."""
+    from sim.costmodel.dp_attention import DPAttentionCostModel
+
+    node = cfg.costmodel
+    if node.get("_target_") == AUTO_TARGET:
+        node = node.roofline
+    elif "profiled" in str(node.get("_target_", "")):
+        raise ValueError("costmodel=profiled prices whole one-GPU steps; dp_attention needs per-op costs: "
+                         "use costmodel=auto, roofline or roofline_fitted")
+    make_cost_model = functools.partial(instantiate(node), **runtime_graph_limits(cfg))
+    return DPAttentionCostModel(make_cost_model, core.model, core.hardware, core.layout)
 
 
 def step_predictor(cost_model: CostModel, overlap: bool) -> Callable[[StepPlan], float]:

@@ -178,7 +178,7 @@ def lead(task: RankTask, cfg, core, runner, channel, ready, lockstep=None) -> Le
     from runtime.driver import RealDriver
     from runtime.records_io import requests_frame, steps_frame
     from runtime.request_source import ReplaySource
-    from sim.predictor import build_cost_model, step_predictor
+    from sim.predictor import build_cost_model, dp_attention_cost_model, step_predictor
 
     info = task.info
     executor = runner
@@ -210,16 +210,3 @@ def lead(task: RankTask, cfg, core, runner, channel, ready, lockstep=None) -> Le
     outputs = ({r.rid: list(r.output_ids) for r in outcome.requests}
                if task.collect_output_ids else None)
     return LeaderResult(info.replica, requests_frame(outcome.requests), steps_frame(outcome.steps), facts, outputs)
-
-
-def dp_attention_cost_model(cfg, core):
-    """The simulator's DP attention step cost for this run's configuration (as sim/dp_app.py builds it)."""
-    import functools
-
-    from hydra.utils import instantiate
-
-    from sim.costmodel.dp_attention import DPAttentionCostModel
-    from sim.predictor import runtime_graph_limits
-
-    make_cost_model = functools.partial(instantiate(cfg.costmodel), **runtime_graph_limits(cfg))
-    return DPAttentionCostModel(make_cost_model, core.model, core.hardware, core.layout)

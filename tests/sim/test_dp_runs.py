@@ -102,6 +102,16 @@ def test_dp_attention_ranks_step_in_lockstep(tmp_path) -> None:
     assert steps.groupby("start_s")["replica"].nunique().max() > 1
 
 
+def test_dp_attention_of_a_profiled_model_prices_its_parts_with_the_roofline(tmp_path) -> None:
+    """DeepSeek-V2-Lite has an H200 profile of whole one-GPU steps; DP attention prices attention and
+    MLP apart, so `costmodel=auto` takes its roofline there and `costmodel=profiled` is refused."""
+    layout = ["model=deepseek_v2_lite", "hardware=h200", "tp=2", "dp=2", "dp_attention=true"]
+    summary, requests, steps = simulate(tmp_path, "dpa_v2", POISSON + layout)
+    check_no_request_lost(summary, requests, steps, 40, dp=2)
+    with pytest.raises(ValueError, match="costmodel=profiled prices whole one-GPU steps"):
+        simulate(tmp_path, "dpa_profiled", POISSON + layout + ["costmodel=profiled"])
+
+
 @pytest.mark.parametrize("layout", [
     ["model=deepseek_v3", "tp=8", "dp=8"],                          # 64 GPUs, 8 replicas
     ["model=deepseek_v3", "tp=16", "ep=16", "dp=4"],                # 64 GPUs, TP/EP across 2 nodes
