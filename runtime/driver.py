@@ -58,6 +58,7 @@ class RealDriver:
         self.overlap = overlap
         self.idle_poll_s = idle_poll_s     # online sources: how long one idle wait may block
         self.predict = predict
+        self.steps: StepLog | None = None    # the current (or last) serve's step log
 
     def run(self, specs: Sequence[RequestSpec]) -> RealOutcome:
         """Replay workload specs on their arrival times (or all at t=0)."""
@@ -67,6 +68,7 @@ class RealDriver:
     def serve(self, source: RequestSource, total: int | None = None) -> RealOutcome:
         """Run until the source is exhausted and every request has ended."""
         sched, steps, done = self.scheduler, StepLog(), []
+        self.steps = steps                   # the log being filled: an online source may dump it mid-run
         if self.record_plans:
             steps.plan_signatures = []
         gpu_origin = self.executor.clock_origin()

@@ -4,9 +4,11 @@
 # (one runner, experiments/bench_real_serving.py --rates) for the HTTP-overhead comparison
 # (SKIP_REPLAY=1 skips it). The server's dependencies (fastapi, uvicorn, uvloop, httptools, pyzmq,
 # prometheus_client) must be among the carried wheels: pip download them for cp312 manylinux into .whl/.
-# Besides the summaries, OUT gets each rate's server-side step records and the replay's, so that the
-# step times and the gaps between steps of the two can be compared, and frontend_*.json: the HTTP front
-# end alone on this host's CPU (experiments/bench_frontend.py, a fake model stepping like the served one).
+# Besides the summaries, OUT gets each rate's records (the client's requests with their token times, the
+# server's requests and steps, the replay's), so that per-token delivery lags and the step times and
+# gaps of the two runs can be compared, and frontend_*.json: the HTTP front end alone on this host's CPU
+# (experiments/bench_frontend.py, a fake model stepping like the served one). Everything is also packed
+# into OUT/serve_bench.tgz (a device call brings back only a few files).
 #   bash experiments/gpu_jobs/serve_bench.sh OUT
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl 2>/dev/null || exit 1
@@ -31,12 +33,18 @@ for r in $RATES; do
   python experiments/bench_serving.py --url http://127.0.0.1:30000 --flush-cache --client-processes $CLIENTS \
     --out $WORK/bench/rate_$r $W workload.request_rate=$r 2>&1 | tail -4
   cp $WORK/bench/rate_$r/summary.json $OUT/serve_rate_$r.json
+  cp $WORK/bench/rate_$r/requests.parquet $OUT/serve_rate_${r}_client_requests.parquet 2>/dev/null
+  cp $WORK/bench/rate_$r/server/requests.parquet $OUT/serve_rate_${r}_requests.parquet 2>/dev/null
   cp $WORK/bench/rate_$r/server/steps.parquet $OUT/serve_rate_${r}_steps.parquet 2>/dev/null
 done
 kill -INT $S; wait $S
 if [ -z "${SKIP_REPLAY:-}" ]; then
   python experiments/bench_real_serving.py --out $WORK/replay --rates $RATES --workload $W 2>&1 | grep -v "capture decode" | tail -12
   cp $WORK/replay/serving.csv $OUT/replay_serving.csv
-  for r in $RATES; do cp $WORK/replay/rate_$r/steps.parquet $OUT/replay_rate_${r}_steps.parquet 2>/dev/null; done
+  for r in $RATES; do
+    cp $WORK/replay/rate_$r/steps.parquet $OUT/replay_rate_${r}_steps.parquet 2>/dev/null
+    cp $WORK/replay/rate_$r/requests.parquet $OUT/replay_rate_${r}_requests.parquet 2>/dev/null
+  done
 fi
 tail -5 $WORK/serve.log
+tar czf /tmp/serve_bench.tgz -C "$OUT" . && mv /tmp/serve_bench.tgz "$OUT/"

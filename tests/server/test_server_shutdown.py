@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pandas as pd
 import pytest
 
 pytest.importorskip("fastapi")
@@ -56,6 +57,11 @@ def test_signal_shutdown_leaves_no_child_and_writes_records(tmp_path, sig):
         assert r.status_code == 200
         dumped = httpx.post(f"{server.url}/dump_records", json={"dir": str(tmp_path / "dump")}, timeout=60).json()
         assert dumped["summary"]["num_finished"] == 1
+        # the steps so far come with a dump: 1 prefill and 3 decode steps (warm-up steps are not records;
+        # under overlap scheduling, one more decode step was launched before the request was seen to end)
+        steps = pd.read_parquet(tmp_path / "dump" / "steps.parquet")
+        assert dumped["summary"]["num_steps"] == len(steps) == 5
+        assert list(steps["num_prefill_tokens"] > 0) == [True, False, False, False, False]
         children = server.child_pids()
         assert len(children) >= 2                      # scheduler and detokenizer
         first_chunk = threading.Event()
