@@ -27,10 +27,11 @@ from runtime.engine.forward_batch import ForwardBatch
 from runtime.engine.kv_pool import create_kv_pool
 from runtime.engine.logprob_params import top_logprobs_num
 from runtime.engine.prompt_logprobs import PromptAsk, PromptLogprobs, prompt_asks
-from runtime.engine.sampler import SampledLogprobs, Sampler, is_greedy
+from runtime.engine.sampler import SampledLogprobs, Sampler, is_greedy, pinned
 from runtime.models.config import ModelConfig
 from runtime.models.loader import build_model
 
+WARM_SAMPLING_ROWS = (1, 3, 16, 128)     # batch sizes the warm-up samples at
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -169,15 +170,33 @@ class ModelRunner:
         for num_tokens in prefill_tokens:
             n = max(2, min(num_tokens, limit))
             ids, slots = [i % vocab for i in range(n)], list(range(n))
-            self.forward(ForwardBatch.build([(ids[:-1], 0, slots[:-1])], self.device))
+            logits = self.forward(ForwardBatch.build([(ids[:-1], 0, slots[:-1])], self.device))   # [1, V]
             self.forward(ForwardBatch.build([(ids[-1:], n - 1, slots)], self.device))
             prefix = n // 2                   # the second half again, over the first half's KV
             self.forward(ForwardBatch.build([(ids[prefix:], prefix, slots)], self.device))
             for parts in (3, 16):             # several requests a step (kernels specialise a count of 1 or 16k)
                 if n >= 4 * parts:
                     self.forward(ForwardBatch.build(_warm_requests(ids, slots, parts), self.device))
+        if prefill_tokens:
+            self._warm_sampling(logits)
         self._sync()
         return time.perf_counter() - start
+
+    def _warm_sampling(self, logits: torch.Tensor) -> None:
+        """The sampler's kernels and the pinned host copies that end a step, at a few batch sizes, for
+        greedy, plain and filtered (top-k, top-p, min-p, seeded) sampling with log-probabilities: the
+        first served step otherwise pays for them (~0.3 s on an H200). A throw-away Sampler: the runner's
+        keeps its random stream. `logits`: [1, V] from a warm-up forward."""
+        sampler = Sampler(device=self.device, seed=0)
+        kinds = (GREEDY, SamplingParams(), SamplingParams(temperature=0.7, top_k=40, top_p=0.9, min_p=0.05, seed=0))
+        for rows in WARM_SAMPLING_ROWS:
+            batch = logits[:1].expand(rows, -1).contiguous()                 # [rows, V]
+            for params in kinds:
+                ids = sampler.sample(batch, [params] * rows, [0] * rows)     # [rows]
+                logprobs = sampler.logprobs(batch, [params] * rows, ids, [5] * rows)
+                if self.device.type == "cuda":                               # a CUDA step ends with these
+                    pinned(ids)
+                    logprobs.to_host()
 
     # -- steps ---------------------------------------------------------------------------
     def clock_origin(self):

@@ -75,7 +75,8 @@ def cpu_core_and_runner(cfg):
 
 
 def test_warmup_leaves_serving_unchanged():
-    """Warm-up writes KV only into slots nobody owns yet: the same requests give the same tokens."""
+    """Warm-up writes KV only into slots nobody owns yet and samples on a sampler of its own (the runner's
+    random stream is untouched): the same sampled requests give the same tokens."""
     cfg = compose_config(["mode=real"] + TINY + ["kv.capacity_tokens=4000"])
     specs = all_at_once(instantiate(cfg.workload).requests())
     outputs = []
