@@ -166,21 +166,34 @@ class ModelRunner:
         into slots no request owns yet (a request reads only slots it wrote). Returns the seconds it took."""
         start = time.perf_counter()
         vocab = self.model.config.vocab_size
-        limit = self.pool.num_slots - 1
+        table = self.batches.table           # warm-up sequences use its rows 0..B-1 (see _warm_batch)
+        limit = min(self.pool.num_slots - 1, table.max_context_tokens)
         for num_tokens in prefill_tokens:
             n = max(2, min(num_tokens, limit))
             ids, slots = [i % vocab for i in range(n)], list(range(n))
-            logits = self.forward(ForwardBatch.build([(ids[:-1], 0, slots[:-1])], self.device))   # [1, V]
-            self.forward(ForwardBatch.build([(ids[-1:], n - 1, slots)], self.device))
+            logits = self.forward(self._warm_batch([(ids[:-1], 0, slots[:-1])]))   # [1, V]
+            self.forward(self._warm_batch([(ids[-1:], n - 1, slots)]))
             prefix = n // 2                   # the second half again, over the first half's KV
-            self.forward(ForwardBatch.build([(ids[prefix:], prefix, slots)], self.device))
+            self.forward(self._warm_batch([(ids[prefix:], prefix, slots)]))
             for parts in (3, 16):             # several requests a step (kernels specialise a count of 1 or 16k)
-                if n >= 4 * parts:
-                    self.forward(ForwardBatch.build(_warm_requests(ids, slots, parts), self.device))
+                if n >= 4 * parts and parts <= table.num_rows:
+                    self.forward(self._warm_batch(_warm_requests(ids, slots, parts)))
         if prefill_tokens:
             self._warm_sampling(logits)
         self._sync()
         return time.perf_counter() - start
+
+    def _warm_batch(self, seqs: list[tuple[list[int], int, list[int]]]) -> ForwardBatch:
+        """A warm-up step built as served steps are (BatchBuilder.to_device: slot-table writes, the
+        kv_indices kernel), over table rows 0..B-1, which no request owns yet (a request's row is
+        rewritten from column 0 when it is assigned). seqs: (new ids, prefix length, all slots)."""
+        writes = [np.stack([np.full(len(slots), row, dtype=np.int64), np.arange(len(slots), dtype=np.int64),
+                            np.asarray(slots, dtype=np.int64)]) for row, (_, _, slots) in enumerate(seqs)]
+        batch = HostBatch([list(ids) for ids, _, _ in seqs], [prefix for _, prefix, _ in seqs],
+                          [slots[prefix:] for _, prefix, slots in seqs],
+                          [len(ids) == 1 and prefix > 0 for ids, prefix, _ in seqs],
+                          np.arange(len(seqs), dtype=np.int32), np.concatenate(writes, axis=1))
+        return self.batches.to_device(batch)
 
     def _warm_sampling(self, logits: torch.Tensor) -> None:
         """The sampler's kernels and the pinned host copies that end a step, at a few batch sizes, for
