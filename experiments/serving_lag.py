@@ -1,0 +1,91 @@
+"""Where a served run loses time against its `mode=real` replay: per rate, TTFT and TPOT as the client saw
+them, as the server recorded them (from HTTP arrival to the step that made the token) and as the replay
+did; the front end's delivery lag per request (client's time to a token minus the server's time to it:
+intake before the server's clock starts plus delivery after the step), for the first token and for
+every token; and the step records of both runs (decode step time, the gaps between steps).
+Reads the files `experiments/gpu_jobs/serve_bench.sh` writes. Torch-free.
+
+  python -m experiments.serving_lag experiments/results/h200/serving [--csv OUT.csv]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+
+def _ttft_tpot_ms(requests: pd.DataFrame) -> tuple[float, float]:
+    ttft = (requests["first_token_s"] - requests["arrival_s"]).mean()
+    decode = requests[requests["output_tokens"] > 1]
+    tpot = ((decode["finish_s"] - decode["first_token_s"]) / (decode["output_tokens"] - 1)).mean()
+    return 1e3 * ttft, 1e3 * tpot
+
+
+def delivery_lags_ms(client: pd.DataFrame, server: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Per request (joined on rid): the first token's lag and the median lag over its tokens, in ms."""
+    joined = client.merge(server, on="rid", suffixes=("_client", ""))
+    first, every = [], []
+    for row in joined.itertuples():
+        seen = np.asarray(row.token_times_s_client, dtype=float) - row.arrival_s_client
+        made = np.asarray(row.token_times_s, dtype=float) - row.arrival_s
+        n = min(len(seen), len(made))
+        if n:
+            first.append(seen[0] - made[0])
+            every.append(float(np.median(seen[:n] - made[:n])))
+    return 1e3 * np.asarray(first), 1e3 * np.asarray(every)
+
+
+def step_stats(steps: pd.DataFrame) -> dict[str, float]:
+    steps = steps.sort_values("start_s")
+    ms = 1e3 * (steps["end_s"] - steps["start_s"])
+    gaps = 1e3 * (steps["start_s"].to_numpy()[1:] - steps["end_s"].to_numpy()[:-1])
+    decode = steps["num_prefill_tokens"] == 0
+    return {"steps": len(steps), "decode_step_mean_ms": ms[decode].mean(), "prefill_step_mean_ms": ms[~decode].mean(),
+            "gap_mean_ms": gaps.mean() if len(gaps) else 0.0,
+            "gap_p99_ms": float(np.percentile(gaps, 99)) if len(gaps) else 0.0}
+
+
+def lag_table(results: Path) -> pd.DataFrame:
+    rows = []
+    for summary in sorted(results.glob("serve_rate_*.json"), key=lambda p: float(p.stem.split("_")[-1])):
+        rate = summary.stem.split("_")[-1]
+        files = {name: results / f"{prefix}_rate_{rate}_{name.split('_')[-1]}.parquet" for name, prefix in (
+            ("client_requests", "serve"), ("server_requests", "serve"), ("server_steps", "serve"),
+            ("replay_requests", "replay"), ("replay_steps", "replay"))}
+        files["client_requests"] = results / f"serve_rate_{rate}_client_requests.parquet"
+        if not all(p.exists() for p in files.values()):
+            continue
+        client, server, replay = (pd.read_parquet(files[k]) for k in ("client_requests", "server_requests",
+                                                                      "replay_requests"))
+        first, every = delivery_lags_ms(client, server)
+        row = {"rate": float(rate), "requests_per_s": json.loads(summary.read_text())["throughput"]["requests_per_s"]}
+        for name, frame in (("client", client), ("server", server), ("replay", replay)):
+            row[f"{name}_ttft_ms"], row[f"{name}_tpot_ms"] = _ttft_tpot_ms(frame)
+        row.update(first_token_lag_mean_ms=first.mean(), first_token_lag_p50_ms=float(np.median(first)),
+                   token_lag_p50_ms=float(np.median(every)))
+        for name in ("server", "replay"):
+            row.update({f"{name}_{k}": v for k, v in step_stats(pd.read_parquet(files[f"{name}_steps"])).items()})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("results", type=Path)
+    p.add_argument("--csv", type=Path, default=None)
+    args = p.parse_args(argv)
+    table = lag_table(args.results)
+    if table.empty:
+        raise SystemExit(f"no serve_rate_* files with client, server and replay records in {args.results}")
+    with pd.option_context("display.width", 200, "display.max_columns", 40, "display.float_format", "{:.2f}".format):
+        print(table.set_index("rate").T.to_string())
+    if args.csv is not None:
+        table.to_csv(args.csv, index=False)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
