@@ -49,6 +49,17 @@ def kv_capacity_from_config(cfg: DictConfig, model: ModelSpec, hardware: Hardwar
                               mem_fraction_static=fraction, activation_reserve_bytes=memory.slot_table_bytes)
 
 
+def dp_attention_active(layout: ParallelLayout) -> bool:
+    """DP attention with more than one attention rank (dp=1 with dp_attention is plain tp)."""
+    return layout.dp_attention and layout.dp > 1
+
+
+def dp_attention_runs_eagerly(cfg: DictConfig) -> bool:
+    """Active DP attention runs without CUDA graphs in mode=real (a captured graph would fix every
+    rank's padded token count); the simulator prices its steps eagerly too."""
+    return dp_attention_active(build_layout(cfg))
+
+
 def piecewise_graph_tokens(cfg: DictConfig) -> int:
     """New tokens of the largest step the real runtime captures as piecewise CUDA graphs (0: none), as
     runtime/engine/build_runner.py decides it: `real.piecewise_cuda_graph_max_tokens`, or (null)
@@ -56,7 +67,7 @@ def piecewise_graph_tokens(cfg: DictConfig) -> int:
     real = cfg.get("real")
     if real is None or not (real.get("fast_path") and real.get("cuda_graph") and real.get("piecewise_cuda_graph")):
         return 0
-    if int(cfg.get("tp", 1)) > 1:      # captured on one GPU per replica only
+    if int(cfg.get("tp", 1)) > 1 or dp_attention_runs_eagerly(cfg):   # captured on one GPU per replica only
         return 0
     if real.get("piecewise_cuda_graph_max_tokens") is not None:
         return int(real.piecewise_cuda_graph_max_tokens)

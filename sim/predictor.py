@@ -8,18 +8,18 @@ from typing import Callable
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from runtime.build import piecewise_graph_tokens
+from runtime.build import dp_attention_runs_eagerly, piecewise_graph_tokens
 from runtime.core.batch import StepPlan
 from sim.costmodel.base import CostModel, StepShape
 
 
 def runtime_graph_limits(cfg: DictConfig) -> dict:
     """The runtime's CUDA-graph limits for a cost model that leaves them open (null): the largest
-    decode graph (`real.cuda_graph_max_bs`) and the largest piecewise-graph step (0: none), as the
-    runtime decides them (runtime.build.piecewise_graph_tokens)."""
+    decode graph (`real.cuda_graph_max_bs`; 0 under DP attention, which runs eagerly) and the largest
+    piecewise-graph step (0: none), as the runtime decides them (runtime.build)."""
     limits = {}
     if "cuda_graph_max_bs" in cfg.costmodel and cfg.costmodel.cuda_graph_max_bs is None:
-        limits["cuda_graph_max_bs"] = cfg.real.get("cuda_graph_max_bs")
+        limits["cuda_graph_max_bs"] = 0 if dp_attention_runs_eagerly(cfg) else cfg.real.get("cuda_graph_max_bs")
     if "piecewise_max_tokens" in cfg.costmodel and cfg.costmodel.piecewise_max_tokens is None:
         limits["piecewise_max_tokens"] = piecewise_graph_tokens(cfg)
     return limits

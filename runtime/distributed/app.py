@@ -32,7 +32,7 @@ import pandas as pd
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from runtime.build import CoreComponents, build_core, build_layout, check_workload_fits
+from runtime.build import CoreComponents, build_core, check_workload_fits, dp_attention_active, dp_attention_runs_eagerly
 from runtime.core.request import RequestSpec
 from runtime.distributed.groups import RankInfo
 from runtime.distributed.launch import RankProcesses, free_port
@@ -91,18 +91,13 @@ def node_plan(cfg: DictConfig, core: CoreComponents) -> NodePlan:
     return NodePlan(world, node_rank * num_local, num_local, init_method, "gloo", "cpu")
 
 
-def dp_attention_active(layout) -> bool:
-    """DP attention with more than one attention rank (dp=1 with dp_attention is plain tp)."""
-    return layout.dp_attention and layout.dp > 1
-
-
 def resolved_config(cfg: DictConfig, out_dir: str | Path | None) -> dict:
     """The config as plain data for the ranks (they have no Hydra context to resolve `${hydra:...}`).
     DP attention runs eagerly: CUDA graphs off, and no decode batch priced as a graph replay."""
     cfg = cfg.copy()
     OmegaConf.set_struct(cfg, False)
     cfg.output_dir = str(out_dir) if out_dir is not None else str(cfg.output_dir)
-    if dp_attention_active(build_layout(cfg)):
+    if dp_attention_runs_eagerly(cfg):
         cfg.real.cuda_graph, cfg.real.piecewise_cuda_graph, cfg.real.cuda_graph_max_bs = False, False, 0
     return OmegaConf.to_container(cfg, resolve=True)
 
