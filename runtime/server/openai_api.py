@@ -2,6 +2,7 @@
 server-sent events ending with `data: [DONE]`). Imports neither torch nor zmq directly."""
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -16,7 +17,7 @@ from runtime.server.ipc import PositionLogprobs
 from runtime.server.logprob_format import CompletionLogprobs, chat_logprobs
 from runtime.server.outputs import (
     OPENAI_FINISH, TEXT_SLOT, collect_outputs, gather, gather_logprobs, prompt_logprobs, sse, sse_with_text,
-    stream_outputs, usage,
+    merge_streams, stream_outputs, total_usage,
 )
 from runtime.server.protocol import ChatCompletionRequest, CompletionRequest
 from runtime.server.tokenizer_manager import ReqState, TokenizerManager
@@ -46,9 +47,9 @@ async def models(http: Request) -> dict:
                                         "max_model_len": s.limits.max_context_tokens}]}
 
 
-def choice(payload: dict, logprobs: dict | None, finish_reason: str | None) -> dict:
+def choice(payload: dict, logprobs: dict | None, finish_reason: str | None, index: int = 0) -> dict:
     """One choice of a response or stream chunk, either API."""
-    return {"index": 0, **payload, "logprobs": logprobs, "finish_reason": finish_reason}
+    return {"index": index, **payload, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
 class _ChatFormat:
@@ -57,8 +58,9 @@ class _ChatFormat:
 
     endpoint, id_prefix, object, chunk_object = "chat", "chatcmpl", "chat.completion", "chat.completion.chunk"
 
-    def __init__(self, req: ChatCompletionRequest) -> None:
+    def __init__(self, req: ChatCompletionRequest, index: int = 0) -> None:
         self.wants_logprobs = req.logprobs
+        self.index = index                     # of the choice (prompt index * n + j)
 
     def payload(self, text: str) -> dict:
         return {"message": {"role": "assistant", "content": text}}
@@ -68,8 +70,9 @@ class _ChatFormat:
 
     async def stream(self, manager: TokenizerManager, state: ReqState, head: dict) -> AsyncIterator[str]:
         chunk = lambda delta, logprobs=None, finish=None: sse(   # noqa: E731
-            {**head, "choices": [choice({"delta": delta}, logprobs, finish)]})
-        content = sse_with_text({**head, "choices": [choice({"delta": {"content": TEXT_SLOT}}, None, None)]})
+            {**head, "choices": [choice({"delta": delta}, logprobs, finish, self.index)]})
+        content = sse_with_text({**head, "choices": [choice({"delta": {"content": TEXT_SLOT}}, None, None,
+                                                            self.index)]})
         yield chunk({"role": "assistant", "content": ""})
         async for batch in stream_outputs(manager, state):
             text, ids = gather(batch)
@@ -87,7 +90,8 @@ class _CompletionFormat:
 
     endpoint, id_prefix, object, chunk_object = "completions", "cmpl", "text_completion", "text_completion"
 
-    def __init__(self, req: CompletionRequest) -> None:
+    def __init__(self, req: CompletionRequest, index: int = 0) -> None:
+        self.index = index                     # of the choice (prompt index * n + j)
         self.blocks = CompletionLogprobs() if req.logprobs is not None else None   # text offsets span chunks
         self.echo = req.echo
         self.prompt_text = ""                  # set with echo, once the prompt is tokenized
@@ -101,7 +105,7 @@ class _CompletionFormat:
         return self.blocks.block((prompt or []) + positions if self.echo else positions)
 
     async def stream(self, manager: TokenizerManager, state: ReqState, head: dict) -> AsyncIterator[str]:
-        piece = sse_with_text({**head, "choices": [choice({"text": TEXT_SLOT}, None, None)]})
+        piece = sse_with_text({**head, "choices": [choice({"text": TEXT_SLOT}, None, None, self.index)]})
         echo = self.echo                       # the prompt still to send, ahead of the first output
         async for batch in stream_outputs(manager, state):
             text, ids = gather(batch)
@@ -111,7 +115,7 @@ class _CompletionFormat:
                 text, echo = self.prompt_text + text, False
             if finish is not None or (self.blocks is not None and (ids or prompt)):
                 yield sse({**head, "choices": [choice({"text": text}, self.logprobs(gather_logprobs(batch), prompt),
-                                                      finish)]})
+                                                      finish, self.index)]})
             elif text or ids:
                 yield piece(text)
 
@@ -119,40 +123,59 @@ class _CompletionFormat:
 @router.post("/v1/chat/completions")
 async def chat_completions(http: Request):
     req = await parse(http, ChatCompletionRequest)
-    return await _respond(http, req, _ChatFormat(req))
+    return await _respond(http, req, _ChatFormat)
 
 
 @router.post("/v1/completions")
 async def completions(http: Request):
     req = await parse(http, CompletionRequest)
-    return await _respond(http, req, _CompletionFormat(req))
+    return await _respond(http, req, _CompletionFormat)
 
 
-async def _respond(http: Request, req: Union[ChatCompletionRequest, CompletionRequest],
-                   fmt: Union[_ChatFormat, _CompletionFormat]):
-    """Validate, submit, then answer whole or as a stream of chunks (+ usage) ending with [DONE]."""
+Format = Union[_ChatFormat, _CompletionFormat]
+
+
+async def _respond(http: Request, req: Union[ChatCompletionRequest, CompletionRequest], make_format: type):
+    """Validate, submit one request per choice (prompts x n), then answer whole or as a stream of chunks
+    (+ usage) ending with [DONE]. A choice refused at submission withdraws the ones already sent."""
     check_model(http, req.model)
-    gi = req.generate_input()
+    inputs = req.generate_inputs()
     manager: TokenizerManager = http.app.state.manager
-    state = manager.submit(gi, fmt.endpoint)
-    if getattr(fmt, "echo", False):
-        fmt.prompt_text = gi.text if gi.text is not None else manager.processor.tokenizer.decode(gi.input_ids)
-    head = {"id": f"{fmt.id_prefix}-{state.rid}", "created": int(time.time()), "model": req.model}
-    if gi.stream:
-        return StreamingResponse(_sse(fmt, manager, state, {**head, "object": fmt.chunk_object},
-                                      req.include_usage()), media_type="text/event-stream")
-    outs = await collect_outputs(manager, state, http)
-    text, _ = gather(outs)
-    only = choice(fmt.payload(text), fmt.logprobs(gather_logprobs(outs), prompt_logprobs(outs)),
-                  OPENAI_FINISH[state.finish.reason])
-    return JSONResponse({**head, "object": fmt.object, "choices": [only], "usage": usage(state.finish)})
+    formats: list[Format] = []
+    states: list[ReqState] = []
+    try:
+        for index, gi in enumerate(inputs):
+            fmt = make_format(req, index)
+            states.append(manager.submit(gi, fmt.endpoint))
+            if getattr(fmt, "echo", False):
+                fmt.prompt_text = gi.text if gi.text is not None else manager.processor.tokenizer.decode(gi.input_ids)
+            formats.append(fmt)
+    except APIError:
+        for state in states:
+            manager.abort(state.rid)
+        raise
+    head = {"id": f"{formats[0].id_prefix}-{req.rid or states[0].rid}", "created": int(time.time()),
+            "model": req.model}
+    if inputs[0].stream:
+        return StreamingResponse(_sse(formats, manager, states, {**head, "object": formats[0].chunk_object},
+                                      req.include_usage(), req.n), media_type="text/event-stream")
+    outs_per_choice = await asyncio.gather(*(collect_outputs(manager, state, http) for state in states))
+    choices = []
+    for fmt, state, outs in zip(formats, states, outs_per_choice):
+        text, _ = gather(outs)
+        choices.append(choice(fmt.payload(text), fmt.logprobs(gather_logprobs(outs), prompt_logprobs(outs)),
+                              OPENAI_FINISH[state.finish.reason], fmt.index))
+    return JSONResponse({**head, "object": formats[0].object, "choices": choices,
+                         "usage": total_usage([s.finish for s in states], req.n)})
 
 
-async def _sse(fmt: Union[_ChatFormat, _CompletionFormat], manager: TokenizerManager, state: ReqState, head: dict,
-               include_usage: bool) -> AsyncIterator[str]:
-    async with aclosing(fmt.stream(manager, state, head)) as events:   # a client gone closes it (and aborts)
+async def _sse(formats: list[Format], manager: TokenizerManager, states: list[ReqState], head: dict,
+               include_usage: bool, n: int) -> AsyncIterator[str]:
+    streams = [fmt.stream(manager, state, head) for fmt, state in zip(formats, states)]
+    # a client gone closes the stream(s), which abort their requests
+    async with aclosing(streams[0] if len(streams) == 1 else merge_streams(streams)) as events:
         async for event in events:
             yield event
     if include_usage:
-        yield sse({**head, "choices": [], "usage": usage(state.finish)})
+        yield sse({**head, "choices": [], "usage": total_usage([s.finish for s in states], n)})
     yield sse("[DONE]")

@@ -68,10 +68,38 @@ def sse_with_text(payload: dict) -> Callable[[str], str]:
     return lambda text: prefix + json.dumps(text, ensure_ascii=False) + suffix
 
 
-def usage(finish: Finish) -> dict:
-    return {"prompt_tokens": finish.prompt_tokens, "completion_tokens": finish.completion_tokens,
-            "total_tokens": finish.prompt_tokens + finish.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": finish.cached_tokens}}
+def total_usage(finishes: list[Finish], n: int) -> dict:
+    """Usage of a request of several choices (prompt-major, n per prompt): each prompt's tokens once,
+    every choice's completion tokens."""
+    prompts = finishes[::n]
+    prompt_tokens = sum(f.prompt_tokens for f in prompts)
+    completion_tokens = sum(f.completion_tokens for f in finishes)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": sum(f.cached_tokens for f in prompts)}}
+
+
+async def merge_streams(streams: list[AsyncIterator[str]]) -> AsyncIterator[str]:
+    """The items of several async iterators as each comes; closing this closes them all (a choice's
+    stream closing early aborts its request)."""
+    pending = {asyncio.ensure_future(anext(stream)): stream for stream in streams}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                stream = pending.pop(task)
+                try:
+                    item = task.result()
+                except StopAsyncIteration:
+                    continue
+                pending[asyncio.ensure_future(anext(stream))] = stream
+                yield item
+    finally:
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for stream in streams:
+            await stream.aclose()
 
 
 def native_finish(finish: Finish) -> dict:

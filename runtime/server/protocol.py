@@ -6,6 +6,7 @@ ignored (as OpenAI-compatible servers do), except those naming a feature this se
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Union
 
@@ -15,6 +16,7 @@ from runtime.engine.logprob_params import MAX_TOP_LOGPROBS
 from runtime.server.errors import APIError
 
 MAX_COMPLETION_LOGPROBS = 5      # the legacy completions API's limit
+MAX_CHOICES = 128                # prompts x n of one request
 
 
 def _check_top_count(value: int, limit: int, param: str) -> None:
@@ -59,8 +61,8 @@ class _OpenAISampling(_Strict):
     rid: Optional[str] = None
 
     def check_common(self) -> None:
-        if self.n != 1:
-            raise APIError(f"n={self.n}: only n=1 is supported", param="n", code="unsupported")
+        if not 1 <= self.n <= MAX_CHOICES:
+            raise APIError(f"n={self.n}: must be between 1 and {MAX_CHOICES}", param="n")
         if self.stream_options is not None and not self.stream:
             raise APIError("stream_options is only allowed with stream=true", param="stream_options")
         self._reject_unsupported({"frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logit_bias": {},
@@ -74,6 +76,25 @@ class _OpenAISampling(_Strict):
                 out[key] = getattr(self, key)
         if self.stop_token_ids:
             out["stop_token_ids"] = list(self.stop_token_ids)
+        return out
+
+    def choices(self, prompts: list["GenerateInput"]) -> list["GenerateInput"]:
+        """n choices of each prompt, prompt-major (choice index = prompt index * n + j), each its own
+        request: rid `<rid>-<index>` when there are several; with a seed, choice j samples with seed + j
+        (reproducible, yet the choices differ)."""
+        if len(prompts) * self.n > MAX_CHOICES:
+            raise APIError(f"{len(prompts)} prompts x n={self.n}: at most {MAX_CHOICES} choices per request",
+                           param="n")
+        out = []
+        for prompt in prompts:
+            for j in range(self.n):
+                gi = dataclasses.replace(prompt, sampling=dict(prompt.sampling))
+                if j and "seed" in gi.sampling:
+                    gi.sampling["seed"] += j
+                out.append(gi)
+        if len(out) > 1 and self.rid is not None:
+            for index, gi in enumerate(out):
+                gi.rid = f"{self.rid}-{index}"
         return out
 
     def stop_strs(self) -> tuple[str, ...]:
@@ -107,7 +128,11 @@ class ChatCompletionRequest(_OpenAISampling):
     logprobs: bool = False
     top_logprobs: Optional[int] = None
 
-    def generate_input(self) -> "GenerateInput":
+    def generate_inputs(self) -> list["GenerateInput"]:
+        """One request per choice (n)."""
+        return self.choices([self._generate_input()])
+
+    def _generate_input(self) -> "GenerateInput":
         self.check_common()
         self._reject_unsupported({"echo": False})
         if self.max_tokens is not None and self.max_completion_tokens is not None \
@@ -129,22 +154,23 @@ class CompletionRequest(_OpenAISampling):
     logprobs: Optional[int] = None
     echo: bool = False               # the prompt before the completion (with logprobs: its tokens' too)
 
-    def generate_input(self) -> "GenerateInput":
+    def generate_inputs(self) -> list["GenerateInput"]:
+        """One request per prompt of a batch (a list of strings or of token-id lists) and choice (n)."""
         self.check_common()
-        prompt = self.prompt
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-            if len(prompt) != 1:
-                raise APIError(f"a batch of {len(prompt)} prompts: send one prompt per request",
-                               param="prompt", code="unsupported")
-            prompt = prompt[0]
+        prompts = self.prompt
+        if not (isinstance(prompts, list) and prompts and isinstance(prompts[0], (str, list))):
+            prompts = [prompts]                  # one prompt: text, or token ids
         if self.logprobs is not None:
             _check_top_count(self.logprobs, MAX_COMPLETION_LOGPROBS, "logprobs")
-        text, ids = (prompt, None) if isinstance(prompt, str) else (None, list(prompt))
-        return GenerateInput(text=text, input_ids=ids, sampling=self.sampling(self.max_tokens if self.max_tokens
-                                                                                 is not None else 16),
-                             stop_strs=self.stop_strs(), stream=self.stream, rid=self.rid,
-                             skip_special_tokens=self.skip_special_tokens, top_logprobs_num=self.logprobs,
-                             logprob_start_len=0 if self.echo and self.logprobs is not None else None)
+        sampling, stops = self.sampling(self.max_tokens if self.max_tokens is not None else 16), self.stop_strs()
+        inputs = []
+        for prompt in prompts:
+            text, ids = (prompt, None) if isinstance(prompt, str) else (None, list(prompt))
+            inputs.append(GenerateInput(text=text, input_ids=ids, sampling=dict(sampling), stop_strs=stops,
+                                        stream=self.stream, rid=self.rid, skip_special_tokens=self.skip_special_tokens,
+                                        top_logprobs_num=self.logprobs,
+                                        logprob_start_len=0 if self.echo and self.logprobs is not None else None))
+        return self.choices(inputs)
 
 
 class NativeSampling(_Strict):
