@@ -1,19 +1,22 @@
-"""SGLang's native endpoints: POST /generate (text or input_ids, sampling_params, stream, rid) and
-POST /abort_request. Responses carry `text`, `output_ids` and `meta_info`; streamed chunks are
+"""SGLang's native endpoints: POST /generate (text or input_ids, or a batch of either; sampling_params, with
+`n`; stream, rid) and POST /abort_request. Responses carry `text`, `output_ids` and `meta_info`; streamed chunks are
 cumulative, as SGLang sends them."""
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from runtime.server.errors import APIError
 from runtime.server.ipc import Finish, PositionLogprobs, TextOutput
 from runtime.server.logprob_format import native_logprobs
 from runtime.server.openai_api import parse
 from runtime.server.outputs import (
-    collect_outputs, gather, gather_logprobs, native_finish, prompt_logprobs, sse, stream_outputs,
+    collect_outputs, gather, gather_logprobs, merge_streams, native_finish, prompt_logprobs, sse, stream_outputs,
 )
 from runtime.server.protocol import AbortRequest, GenerateRequest
 from runtime.server.tokenizer_manager import ReqState, TokenizerManager
@@ -57,19 +60,48 @@ class _Accumulated:
 async def generate(http: Request):
     req = await parse(http, GenerateRequest)
     manager: TokenizerManager = http.app.state.manager
-    gi = req.generate_input()
-    state = manager.submit(gi, "generate")
-    acc = _Accumulated(state, req)
-    if gi.stream:
-        return StreamingResponse(_stream(manager, state, acc), media_type="text/event-stream")
-    acc.add(await collect_outputs(manager, state, http))
-    return JSONResponse(acc.body())
+    inputs = req.generate_inputs()
+    states: list[ReqState] = []
+    try:
+        for gi in inputs:
+            states.append(manager.submit(gi, "generate"))
+    except APIError:                          # a refused prompt withdraws the batch
+        for state in states:
+            manager.abort(state.rid)
+        raise
+    accs = [_Accumulated(state, req) for state in states]
+    if not req.is_batch:
+        if req.stream:
+            return StreamingResponse(_stream(manager, states[0], accs[0]), media_type="text/event-stream")
+        accs[0].add(await collect_outputs(manager, states[0], http))
+        return JSONResponse(accs[0].body())
+    if req.stream:
+        streams = [_choice_events(manager, state, acc, index) for index, (state, acc) in enumerate(zip(states, accs))]
+        return StreamingResponse(_batch_stream(streams), media_type="text/event-stream")
+    outs = await asyncio.gather(*(collect_outputs(manager, state, http) for state in states))
+    for acc, out in zip(accs, outs):
+        acc.add(out)
+    return JSONResponse([acc.body() for acc in accs])
 
 
 async def _stream(manager: TokenizerManager, state: ReqState, acc: _Accumulated) -> AsyncIterator[str]:
     async for batch in stream_outputs(manager, state):
         acc.add(batch)
         yield sse(acc.body())
+    yield sse("[DONE]")
+
+
+async def _choice_events(manager: TokenizerManager, state: ReqState, acc: _Accumulated,
+                         index: int) -> AsyncIterator[str]:
+    async for batch in stream_outputs(manager, state):
+        acc.add(batch)
+        yield sse({**acc.body(), "index": index})
+
+
+async def _batch_stream(streams: list[AsyncIterator[str]]) -> AsyncIterator[str]:
+    async with aclosing(merge_streams(streams)) as events:   # a client gone closes them all (and aborts)
+        async for event in events:
+            yield event
     yield sse("[DONE]")
 
 

@@ -19,6 +19,31 @@ MAX_COMPLETION_LOGPROBS = 5      # the legacy completions API's limit
 MAX_CHOICES = 128                # prompts x n of one request
 
 
+def expand_choices(prompts: list["GenerateInput"], n: int, rid: "str | list[str] | None") -> list["GenerateInput"]:
+    """n choices of each prompt, prompt-major (choice index = prompt index * n + j, as SGLang orders a
+    batch), each its own request. rid: one for the whole request (`<rid>-<index>` when there are several
+    choices) or one per prompt (`<rid>-<j>` when n > 1). With a seed, choice j samples with seed + j
+    (reproducible, yet the choices differ)."""
+    if not 1 <= n <= MAX_CHOICES:
+        raise APIError(f"n={n}: must be between 1 and {MAX_CHOICES}", param="n")
+    if len(prompts) * n > MAX_CHOICES:
+        raise APIError(f"{len(prompts)} prompts x n={n}: at most {MAX_CHOICES} choices per request", param="n")
+    if isinstance(rid, list) and len(rid) != len(prompts):
+        raise APIError(f"{len(rid)} rids for {len(prompts)} prompts", param="rid")
+    out = []
+    for i, prompt in enumerate(prompts):
+        for j in range(n):
+            gi = dataclasses.replace(prompt, sampling=dict(prompt.sampling))
+            if j and gi.sampling.get("seed") is not None:
+                gi.sampling["seed"] += j
+            if isinstance(rid, list):
+                gi.rid = rid[i] if n == 1 else f"{rid[i]}-{j}"
+            elif rid is not None:
+                gi.rid = rid if len(prompts) * n == 1 else f"{rid}-{i * n + j}"
+            out.append(gi)
+    return out
+
+
 def _check_top_count(value: int, limit: int, param: str) -> None:
     if not 0 <= value <= limit:
         raise APIError(f"{param}={value}: must be between 0 and {limit}", param=param)
@@ -79,23 +104,7 @@ class _OpenAISampling(_Strict):
         return out
 
     def choices(self, prompts: list["GenerateInput"]) -> list["GenerateInput"]:
-        """n choices of each prompt, prompt-major (choice index = prompt index * n + j), each its own
-        request: rid `<rid>-<index>` when there are several; with a seed, choice j samples with seed + j
-        (reproducible, yet the choices differ)."""
-        if len(prompts) * self.n > MAX_CHOICES:
-            raise APIError(f"{len(prompts)} prompts x n={self.n}: at most {MAX_CHOICES} choices per request",
-                           param="n")
-        out = []
-        for prompt in prompts:
-            for j in range(self.n):
-                gi = dataclasses.replace(prompt, sampling=dict(prompt.sampling))
-                if j and "seed" in gi.sampling:
-                    gi.sampling["seed"] += j
-                out.append(gi)
-        if len(out) > 1 and self.rid is not None:
-            for index, gi in enumerate(out):
-                gi.rid = f"{self.rid}-{index}"
-        return out
+        return expand_choices(prompts, self.n, self.rid)
 
     def stop_strs(self) -> tuple[str, ...]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -186,26 +195,57 @@ class NativeSampling(_Strict):
     seed: Optional[int] = None
     sampling_seed: Optional[int] = None
     skip_special_tokens: bool = True
+    n: int = 1                       # parallel samples of each prompt
 
 
 class GenerateRequest(_Strict):
-    """SGLang's native API: one prompt as `text` or `input_ids`."""
+    """SGLang's native API: a prompt as `text` or `input_ids`, or a batch of them (a list of strings, a list
+    of id lists), with one `sampling_params` for all or one per prompt; `sampling_params.n` samples each
+    prompt n times. A batch (or n > 1) is answered with a list, prompt-major; streamed, every event is one
+    choice's cumulative body with its `index`."""
 
-    text: Optional[str] = None
-    input_ids: Optional[list[int]] = None
-    sampling_params: NativeSampling = Field(default_factory=NativeSampling)
+    text: Union[str, list[str], None] = None
+    input_ids: Union[list[int], list[list[int]], None] = None
+    sampling_params: Union[NativeSampling, list[NativeSampling]] = Field(default_factory=NativeSampling)
     stream: bool = False
-    rid: Optional[str] = None
+    rid: Union[str, list[str], None] = None
     return_logprob: bool = False
     top_logprobs_num: Optional[int] = None
     logprob_start_len: Optional[int] = None
     return_text_in_logprobs: bool = False
 
-    def generate_input(self) -> "GenerateInput":
+    @property
+    def is_batch(self) -> bool:
+        """Answered with a list: a list of prompts, or n > 1."""
+        prompts = self.text if self.text is not None else self.input_ids
+        many = isinstance(prompts, list) and (self.text is not None or (bool(prompts) and isinstance(prompts[0], list)))
+        params = self.sampling_params if isinstance(self.sampling_params, list) else [self.sampling_params]
+        return many or any(sp.n != 1 for sp in params)
+
+    def generate_inputs(self) -> list["GenerateInput"]:
+        """One request per prompt and sample (prompt-major)."""
         if (self.text is None) == (self.input_ids is None):
             raise APIError("give exactly one of text or input_ids", param="text")
         self._reject_unsupported({"token_ids_logprob": None})
-        sp = self.sampling_params
+        if self.text is not None:
+            prompts = [(t, None) for t in (self.text if isinstance(self.text, list) else [self.text])]
+        else:
+            batch = bool(self.input_ids) and isinstance(self.input_ids[0], list)
+            prompts = [(None, ids) for ids in (self.input_ids if batch else [self.input_ids])]
+        if not prompts:
+            raise APIError("an empty batch of prompts", param="text" if self.text is not None else "input_ids")
+        params = self.sampling_params
+        if isinstance(params, list):
+            if len(params) != len(prompts):
+                raise APIError(f"{len(params)} sampling_params for {len(prompts)} prompts", param="sampling_params")
+            if len({sp.n for sp in params}) != 1:
+                raise APIError("sampling_params.n must be the same for every prompt", param="sampling_params.n")
+        else:
+            params = [params] * len(prompts)
+        inputs = [self._generate_input(text, ids, sp) for (text, ids), sp in zip(prompts, params)]
+        return expand_choices(inputs, params[0].n, self.rid)
+
+    def _generate_input(self, text: Optional[str], input_ids: Optional[list[int]], sp: NativeSampling) -> "GenerateInput":
         sampling: dict[str, Any] = {"max_new_tokens": sp.max_new_tokens, "ignore_eos": sp.ignore_eos}
         for key in ("temperature", "top_p", "top_k", "min_p"):
             if getattr(sp, key) is not None:
@@ -218,8 +258,8 @@ class GenerateRequest(_Strict):
         stops = (sp.stop,) if isinstance(sp.stop, str) else tuple(sp.stop or ())
         if any(s == "" for s in stops):
             raise APIError("stop strings must not be empty", param="sampling_params.stop")
-        return GenerateInput(text=self.text, input_ids=self.input_ids, sampling=sampling, stop_strs=stops,
-                             stream=self.stream, rid=self.rid,
+        return GenerateInput(text=text, input_ids=input_ids, sampling=sampling, stop_strs=stops,
+                             stream=self.stream, rid=None,
                              skip_special_tokens=sp.skip_special_tokens, top_logprobs_num=self._top_logprobs_num(),
                              logprob_start_len=self._logprob_start_len())
 

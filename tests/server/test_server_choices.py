@@ -4,6 +4,8 @@ and SGLang's adapters do), each is an independent request (greedy choices of one
 equals the same prompt sent alone), usage counts each prompt once and every choice's tokens."""
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -101,3 +103,45 @@ def test_each_choice_carries_its_own_logprobs(client):
         assert len(c.logprobs.tokens) == len(c.logprobs.token_logprobs) == len(c.logprobs.top_logprobs)
         assert c.logprobs.token_logprobs[0] is None                        # the prompt's first token
     assert out.choices[0].logprobs.token_logprobs == out.choices[1].logprobs.token_logprobs
+
+
+def generate(server, body: dict):
+    return httpx.post(f"{server.url}/generate", json=body, timeout=60)
+
+
+def test_native_generate_batches_prompts_and_samples(server):
+    greedy = {"max_new_tokens": 5, "temperature": 0, "ignore_eos": True}
+    single = [generate(server, {"text": t, "sampling_params": greedy}).json() for t in ("hi", "there")]
+    assert isinstance(single[0], dict)
+    batch = generate(server, {"text": ["hi", "there"], "sampling_params": greedy}).json()
+    assert [b["output_ids"] for b in batch] == [s["output_ids"] for s in single]
+    n2 = generate(server, {"text": "hi", "sampling_params": {**greedy, "n": 2}}).json()
+    assert [b["output_ids"] for b in n2] == [single[0]["output_ids"]] * 2
+    per_prompt = generate(server, {"input_ids": [[72, 105], [79, 107, 33]], "rid": ["x", "y"], "sampling_params": [
+        {"max_new_tokens": 2, "ignore_eos": True}, {"max_new_tokens": 4, "ignore_eos": True}]}).json()
+    assert [b["meta_info"]["completion_tokens"] for b in per_prompt] == [2, 4]
+    assert [b["meta_info"]["id"] for b in per_prompt] == ["x", "y"]
+    assert [b["meta_info"]["prompt_tokens"] for b in per_prompt] == [2, 3]
+
+
+def test_native_generate_streams_a_batch_by_index(server):
+    body = {"text": ["ab", "cd", "ef"], "stream": True, "sampling_params": {"max_new_tokens": 4, "temperature": 0,
+                                                                            "ignore_eos": True}}
+    last, done = {}, False
+    with httpx.stream("POST", f"{server.url}/generate", json=body, timeout=60) as r:
+        for line in r.iter_lines():
+            if line == "data: [DONE]":
+                done = True
+            elif line.startswith("data: "):
+                event = json.loads(line[6:])
+                last[event["index"]] = event
+    whole = generate(server, {**body, "stream": False}).json()
+    assert done and sorted(last) == [0, 1, 2]
+    assert [last[i]["output_ids"] for i in range(3)] == [w["output_ids"] for w in whole]
+    assert all(last[i]["meta_info"]["finish_reason"]["type"] == "length" for i in range(3))
+
+
+def test_native_batch_errors(server):
+    assert generate(server, {"text": ["a", "b"], "sampling_params": [{"max_new_tokens": 2}]}).status_code == 400
+    assert generate(server, {"text": [], "sampling_params": {"max_new_tokens": 2}}).status_code == 400
+    assert generate(server, {"text": ["a", "b"], "rid": ["only-one"]}).status_code == 400
