@@ -3,7 +3,7 @@ them, as the server recorded them (from HTTP arrival to the step that made the t
 did; the front end's delivery lag per request (client's time to a token minus the server's time to it:
 intake before the server's clock starts plus delivery after the step), for the first token and for
 every token; and the step records of both runs (decode step time, the gaps between steps).
-Reads the files `experiments/gpu_jobs/serve_bench.sh` writes. Torch-free.
+Reads the files `experiments/gpu_jobs/serve_bench.sh` writes (the replay's are optional). Torch-free.
 
   python -m experiments.serving_lag experiments/results/h200/serving [--csv OUT.csv]
 """
@@ -56,18 +56,19 @@ def lag_table(results: Path) -> pd.DataFrame:
             ("client_requests", "serve"), ("server_requests", "serve"), ("server_steps", "serve"),
             ("replay_requests", "replay"), ("replay_steps", "replay"))}
         files["client_requests"] = results / f"serve_rate_{rate}_client_requests.parquet"
-        if not all(p.exists() for p in files.values()):
+        if not all(files[k].exists() for k in ("client_requests", "server_requests", "server_steps")):
             continue
-        client, server, replay = (pd.read_parquet(files[k]) for k in ("client_requests", "server_requests",
-                                                                      "replay_requests"))
-        first, every = delivery_lags_ms(client, server)
+        sides = ("client", "server") + (("replay",) if files["replay_requests"].exists() else ())   # replay optional
+        frames = {name: pd.read_parquet(files[f"{name}_requests"]) for name in sides}
+        first, every = delivery_lags_ms(frames["client"], frames["server"])
         row = {"rate": float(rate), "requests_per_s": json.loads(summary.read_text())["throughput"]["requests_per_s"]}
-        for name, frame in (("client", client), ("server", server), ("replay", replay)):
+        for name, frame in frames.items():
             row[f"{name}_ttft_ms"], row[f"{name}_tpot_ms"] = _ttft_tpot_ms(frame)
         row.update(first_token_lag_mean_ms=first.mean(), first_token_lag_p50_ms=float(np.median(first)),
                    token_lag_p50_ms=float(np.median(every)))
         for name in ("server", "replay"):
-            row.update({f"{name}_{k}": v for k, v in step_stats(pd.read_parquet(files[f"{name}_steps"])).items()})
+            if files[f"{name}_steps"].exists():
+                row.update({f"{name}_{k}": v for k, v in step_stats(pd.read_parquet(files[f"{name}_steps"])).items()})
         rows.append(row)
     return pd.DataFrame(rows)
 

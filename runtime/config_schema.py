@@ -68,6 +68,8 @@ class ServerSchema:
     served_model_name: Optional[str] = None    # the `model` name clients send; null = model.name
     startup_timeout_s: float = 1800.0          # wait for the scheduler process (weights, CUDA graphs)
     graceful_shutdown_s: float = 5.0           # on SIGINT/SIGTERM, in-flight requests may finish this long
+    stream_interval: int = 1                   # SGLang's --stream-interval: a request's outputs go out every N tokens
+                                               # (its first token and its finish at once); larger = fewer writes
 
 
 @dataclass

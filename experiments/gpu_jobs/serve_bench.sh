@@ -13,9 +13,10 @@
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl 2>/dev/null || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
-OUT=${1:-/tmp/out}; WORK=/tmp/serve_bench; mkdir -p "$OUT" "$WORK"
+OUT=${1:-/tmp/out}; WORK=${WORK:-/tmp/serve_bench}; mkdir -p "$OUT" "$WORK"
 W="workload=random workload.input_len=1024 workload.output_len=256 workload.range_ratio=0.5 workload.num_requests=600"
-RATES="16 48 96"
+RATES=${RATES:-16 48 96}
+SERVER_OVERRIDES=${SERVER_OVERRIDES:-}   # e.g. server.stream_interval=4
 CLIENTS=${CLIENTS:-4}           # client processes: one alone falls behind hundreds of streams
 python3 -c "import uvloop, httptools" 2>/dev/null || echo "WARNING: uvloop/httptools missing: the server runs on asyncio + h11"
 # the front end alone (~40 s; SKIP_FRONTEND=1 skips it): rate and fake step (ms), ~80 and ~500 streams of 256 tokens
@@ -26,7 +27,7 @@ for spec in "16 20" "48 40"; do
     --client-processes $CLIENTS --out $WORK/frontend_$rate > $WORK/frontend_$rate.log 2>&1 \
     && cp $WORK/frontend_$rate/frontend.json $OUT/frontend_$rate.json || tail -3 $WORK/frontend_$rate.log
 done
-python run.py mode=serve progress=false hydra.run.dir=$WORK/server > $WORK/serve.log 2>&1 & S=$!
+python run.py mode=serve progress=false $SERVER_OVERRIDES hydra.run.dir=$WORK/server > $WORK/serve.log 2>&1 & S=$!
 for _ in $(seq 120); do curl -sf localhost:30000/health >/dev/null && break; sleep 2; done
 grep -m1 "serving" $WORK/serve.log
 for r in $RATES; do

@@ -28,6 +28,8 @@ def run_serve(cfg: DictConfig) -> None:
     from runtime.server.ipc import Addresses, pull_socket
     from runtime.server.scheduler_process import run_scheduler
 
+    if int(cfg.server.stream_interval) < 1:                      # before any process starts
+        raise ValueError(f"server.stream_interval={cfg.server.stream_interval}: must be >= 1")
     container = OmegaConf.to_container(cfg, resolve=True)       # Hydra's run dir resolves only here
     model = instantiate(cfg.model)
     ipc_dir = tempfile.mkdtemp(prefix="twinserve-")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import zmq
@@ -38,6 +38,7 @@ class _Tracked:
     text: IncrementalDetokenizer | None = None     # only with stop strings
     stop: StopStringMatcher | None = None
     logprobs: dict[int, PositionLogprobs] | None = None   # by output index, until sent; None: not asked
+    held: list[int] = field(default_factory=list)   # tokens taken but not sent yet (stream_interval > 1)
     prompt_logprobs: list[PositionLogprobs] | None = None  # its prompt tokens', for the first output
 
     @property
@@ -51,7 +52,12 @@ class OnlineSource:
 
     def __init__(self, pull: zmq.Socket, push: zmq.Socket, scheduler: Scheduler, tokenizer: Tokenizer,
                  control: Callable[[ControlReq], ControlReply], parent_pid: int | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter, stream_interval: int = 1) -> None:
+        """stream_interval (SGLang's --stream-interval): a request's first token goes out at once, then its
+        tokens whenever `stream_interval` of them are waiting, and the rest with its finish."""
+        if stream_interval < 1:
+            raise ValueError(f"server.stream_interval={stream_interval}: must be >= 1")
+        self.stream_interval = stream_interval
         self.pull, self.push, self.scheduler, self.tokenizer = pull, push, scheduler, tokenizer
         self.control = control
         self.parent_pid = parent_pid
@@ -114,12 +120,12 @@ class OnlineSource:
             t = self.tracked.get(req.rid)
             if t is None or t.stopped:
                 continue
-            new = self._take_new_tokens(t)
+            t.held += self._take_new_tokens(t)
             if t.stopped:                                  # a stop string appeared: end it now
                 self._aborts.append(req.rid)
-                self._output(t, new, self._finish(req, "stop", t.stop.matched, t.num_sent, now_s))
-            elif new:
-                self._output(t, new)
+                self._output(t, self._release(t), self._finish(req, "stop", t.stop.matched, t.num_sent, now_s))
+            elif t.held and (not t.detok_sent or len(t.held) >= self.stream_interval):
+                self._output(t, self._release(t))
 
     def on_logprobs(self, items: list[ScheduledItem], logprobs: list) -> None:
         """A step's log-probabilities (StepResult.logprobs, one per sampling item), kept by output index
@@ -146,7 +152,8 @@ class OnlineSource:
             if t.stopped:                                  # ended by its stop string, reported already
                 req.finish_reason = FinishReason.STOP
                 continue
-            new = self._take_new_tokens(t)
+            t.held += self._take_new_tokens(t)
+            new = self._release(t)
             reason = req.finish_reason.value if req.finish_reason else "abort"
             if t.stopped:
                 reason, matched = "stop", t.stop.matched
@@ -183,6 +190,12 @@ class OnlineSource:
                 prompt = t.prompt_logprobs
         out = RequestOutput(t.request.rid, token_ids, finish, detok, logprobs, prompt)
         (self._outputs if detok is None else self._first_outputs).append(out)
+
+    @staticmethod
+    def _release(t: _Tracked) -> list[int]:
+        """The held tokens, to send now (the tail of the tokens taken: num_sent counts them)."""
+        out, t.held = t.held, []
+        return out
 
     def _take_new_tokens(self, t: _Tracked) -> list[int]:
         """Output tokens not sent yet; with stop strings, only those up to the one completing a stop.

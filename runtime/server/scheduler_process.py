@@ -108,7 +108,8 @@ def run_scheduler(cfg_container: dict, addresses: Addresses, parent_pid: int) ->
         runner = build_model_runner(cfg, core)
         tokenizer = load_tokenizer(cfg.tokenizer.path, core.model.vocab_size)
         control = SchedulerControl(core.scheduler, cfg.output_dir, started)
-        control.source = source = OnlineSource(pull, push, core.scheduler, tokenizer, control, parent_pid=parent_pid)
+        control.source = source = OnlineSource(pull, push, core.scheduler, tokenizer, control, parent_pid=parent_pid,
+                                                     stream_interval=int(cfg.server.stream_interval))
         control.driver = driver = RealDriver(core.scheduler, runner, progress=False, overlap=bool(cfg.overlap))
         push.send_pyobj(Ready(core.kv_capacity_tokens, core.model.max_context_tokens, core.model.vocab_size,
                               str(runner.device), os.getpid()))

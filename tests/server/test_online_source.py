@@ -28,7 +28,7 @@ def letters(plan) -> StepResult:
 
 
 class Harness:
-    def __init__(self, tmp_path, execute=letters):
+    def __init__(self, tmp_path, execute=letters, stream_interval: int = 1):
         core = build_core(compose_config(["model=tiny_mla_moe", "hardware=cpu", "kv.capacity_tokens=4096"]))
         self.scheduler = core.scheduler
         self.ctx = zmq.Context()
@@ -41,7 +41,8 @@ class Harness:
         self.send_socket = self.ctx.socket(zmq.PUSH)
         self.send_socket.connect("inproc://scheduler")
         control = SchedulerControl(self.scheduler, str(tmp_path), 0.0)
-        control.source = self.source = OnlineSource(pull, push, self.scheduler, ByteTokenizer(512), control)
+        control.source = self.source = OnlineSource(pull, push, self.scheduler, ByteTokenizer(512), control,
+                                                          stream_interval=stream_interval)
         control.driver = self.driver = RealDriver(self.scheduler, execute, progress=False)
         self.outcome = None
         self.thread = threading.Thread(target=self._serve, daemon=True)
@@ -191,3 +192,25 @@ def test_first_outputs_lead_their_batch_and_the_batch_pickles_as_rows(tmp_path):
         assert batch.outputs[0].detok.prompt_tail_ids == [3] and batch.stats.prompt_tokens_total == 6
     finally:
         ctx.destroy(linger=0)
+
+
+def test_stream_interval_sends_the_first_token_then_every_n_then_the_rest_with_the_finish(tmp_path):
+    """SGLang's --stream-interval: fewer, larger outputs; the same tokens, log-probabilities and finishes."""
+    h = Harness(tmp_path, execute=letters_with_logprobs, stream_interval=3)
+    try:
+        h.request("eight", 8, top_logprobs_num=1)
+        h.request("stopped", 50, stops=["FG"])
+        msgs = h.receive_until(lambda m: finished("eight")(m) and finished("stopped")(m))
+    finally:
+        h.close()
+    eight, stopped = outputs_of(msgs, "eight"), outputs_of(msgs, "stopped")
+    assert [len(o.token_ids) for o in eight] == [1, 3, 3, 1] and eight[-1].finish.reason == "length"
+    assert [t for o in eight for t in o.token_ids] == list(range(65, 73))
+    assert [p.sampled.logprob for o in eight for p in o.logprobs] == [-(i + 1.0) for i in range(8)]
+    assert [t for o in stopped for t in o.token_ids] == list(range(65, 72))        # up to the G of "FG"
+    assert [len(o.token_ids) for o in stopped] == [1, 3, 3] and stopped[-1].finish.reason == "stop"
+
+
+def test_a_stream_interval_below_one_is_refused():
+    with pytest.raises(ValueError, match="stream_interval=0"):
+        OnlineSource(None, None, None, ByteTokenizer(512), None, stream_interval=0)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -17,7 +19,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("torch")
 
 from runtime.records_io import read_run  # noqa: E402
-from tests.server.server_process import start_server  # noqa: E402
+from tests.server.server_process import REPO, start_server  # noqa: E402
 
 MODEL = "tiny_mla_moe"
 
@@ -86,3 +88,27 @@ def test_signal_shutdown_leaves_no_child_and_writes_records(tmp_path, sig):
             server.proc.kill()
             for pid in server.child_pids():
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_stream_interval_batches_a_streams_chunks(tmp_path):
+    """server.stream_interval=4: a streamed completion of 10 tokens arrives in 1 + 2 + 1 chunks of text
+    (first token, every 4, the rest with the finish) with the same text as unbatched; 0 is refused."""
+    body = {"model": MODEL, "prompt": "interval", "max_tokens": 10, "ignore_eos": True, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}}
+    server = start_server(tmp_path, ["server.stream_interval=4"])
+    try:
+        chunks = []
+        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    chunks.append(json.loads(line[6:]))
+        text_chunks = [c for c in chunks if c["choices"]]
+        assert len(text_chunks) == 4 and chunks[-1]["usage"]["completion_tokens"] == 10
+        whole = httpx.post(f"{server.url}/v1/completions", json={**body, "stream": False, "stream_options": None},
+                           timeout=60).json()
+        assert "".join(c["choices"][0]["text"] for c in text_chunks) == whole["choices"][0]["text"]
+    finally:
+        server.stop(signal.SIGTERM, timeout_s=60)
+    refused = subprocess.run([sys.executable, "run.py", "mode=serve", "model=tiny_mla_moe", "hardware=cpu",
+                              "server.stream_interval=0"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0 and "server.stream_interval=0: must be >= 1" in refused.stderr + refused.stdout
