@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from runtime.core.layout import ParallelLayout
+
 
 @dataclass(frozen=True)
 class RankInfo:
@@ -33,9 +35,13 @@ class RankInfo:
     dp_attention: bool = False    # the dp ranks are attention ranks inside the tp GPUs (world = tp)
 
     @property
+    def layout(self) -> ParallelLayout:
+        return ParallelLayout(tp=self.tp, ep=self.ep, dp=self.dp, dp_attention=self.dp_attention)
+
+    @property
     def attention_tp(self) -> int:
         """GPUs of one scheduling group: a replica's tp, or tp / dp under DP attention."""
-        return self.tp // self.dp if self.dp_attention else self.tp
+        return self.layout.attention_tp
 
     @property
     def replica(self) -> int:
@@ -124,30 +130,29 @@ def init_rank_groups(info: RankInfo) -> RankGroups:
                             world_size=info.world_size, timeout=timeout)
     if info.dp_attention:
         return _dp_attention_groups(info, timeout)
-    mine = None
+    return RankGroups(info, *_scheduling_groups(info, timeout))
+
+
+def _scheduling_groups(info: RankInfo, timeout: datetime.timedelta) -> tuple:
+    """Every scheduling group's device and gloo groups (consecutive ranks, attention_tp of them: a replica,
+    or an attention rank under DP attention), created in the same order on every rank; returns this
+    rank's pair."""
+    size, mine = info.attention_tp, (None, None)
     for replica in range(info.dp):
-        ranks = list(range(replica * info.tp, (replica + 1) * info.tp))
-        device_group = dist.new_group(ranks, backend=info.backend, timeout=timeout)
-        cpu_group = dist.new_group(ranks, backend="gloo", timeout=timeout)
+        ranks = list(range(replica * size, (replica + 1) * size))
+        pair = (dist.new_group(ranks, backend=info.backend, timeout=timeout),
+                dist.new_group(ranks, backend="gloo", timeout=timeout))
         if replica == info.replica:
-            mine = RankGroups(info, device_group, cpu_group)
+            mine = pair
     return mine
 
 
 def _dp_attention_groups(info: RankInfo, timeout: datetime.timedelta) -> RankGroups:
     """The MLP group (all tp ranks), each attention TP group (device and gloo; none for groups of one
     GPU) and the leaders' gloo group, created in the same order on every rank."""
-    size = info.attention_tp
     mlp_group = dist.new_group(list(range(info.tp)), backend=info.backend, timeout=timeout)
-    device_group = cpu_group = None
-    if size > 1:
-        for replica in range(info.dp):
-            ranks = list(range(replica * size, (replica + 1) * size))
-            device = dist.new_group(ranks, backend=info.backend, timeout=timeout)
-            cpu = dist.new_group(ranks, backend="gloo", timeout=timeout)
-            if replica == info.replica:
-                device_group, cpu_group = device, cpu
-    leaders_group = dist.new_group([r * size for r in range(info.dp)], backend="gloo", timeout=timeout)
+    device_group, cpu_group = _scheduling_groups(info, timeout) if info.attention_tp > 1 else (None, None)
+    leaders_group = dist.new_group([r * info.attention_tp for r in range(info.dp)], backend="gloo", timeout=timeout)
     return RankGroups(info, device_group, cpu_group, mlp_group, leaders_group)
 
 
