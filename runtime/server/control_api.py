@@ -1,14 +1,20 @@
-"""Operational endpoints: GET /health, GET /get_server_info, POST /flush_cache, POST /dump_records,
-GET /metrics (Prometheus text format)."""
+"""Operational endpoints: GET /health, GET /health_generate, GET /get_model_info, GET /get_server_info,
+GET|POST /flush_cache, POST /dump_records, GET /metrics (Prometheus text format)."""
 from __future__ import annotations
+
+import asyncio
+import uuid
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from runtime.server.errors import APIError
+from runtime.server.outputs import collect_outputs
+from runtime.server.protocol import GenerateInput
 
 router = APIRouter()
+HEALTH_GENERATE_TIMEOUT_S = 20.0
 
 
 @router.get("/health")
@@ -16,6 +22,30 @@ async def health(http: Request):
     if http.app.state.manager.dead:
         return PlainTextResponse("scheduler process not running", status_code=503)
     return PlainTextResponse("")
+
+
+@router.get("/health_generate")
+async def health_generate(http: Request):
+    """Health through the whole pipeline (SGLang's /health_generate): one generated token, or 503."""
+    manager = http.app.state.manager
+    if manager.dead:
+        return PlainTextResponse("scheduler process not running", status_code=503)
+    state = manager.submit(GenerateInput(input_ids=[0], sampling={"max_new_tokens": 1, "ignore_eos": True},
+                                         rid=f"HEALTH_CHECK_{uuid.uuid4().hex}"), "health_generate")
+    try:
+        await asyncio.wait_for(collect_outputs(manager, state, http), HEALTH_GENERATE_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        manager.abort(state.rid)
+        return PlainTextResponse(f"no token within {HEALTH_GENERATE_TIMEOUT_S:.0f} s", status_code=503)
+    return PlainTextResponse("")
+
+
+@router.get("/get_model_info")
+async def model_info(http: Request):
+    s = http.app.state
+    return JSONResponse({"model_path": s.server_args.get("model_path") or s.model_name,
+                         "tokenizer_path": s.server_args.get("tokenizer_path"), "is_generation": True,
+                         "served_model_name": s.model_name, "max_context_tokens": s.limits.max_context_tokens})
 
 
 @router.get("/get_server_info")
@@ -27,7 +57,7 @@ async def server_info(http: Request):
                          "num_http_requests_in_flight": len(s.manager.states)})
 
 
-@router.post("/flush_cache")
+@router.api_route("/flush_cache", methods=["GET", "POST"])
 async def flush_cache(http: Request):
     reply = await http.app.state.manager.control("flush_cache")
     if not reply.ok:

@@ -99,7 +99,7 @@ def serve_http(cfg: DictConfig, model, addresses, http_pull, ready, children) ->
             print(f"twinserve: scheduler shutdown: {err}")
         await manager.close()
 
-    server_args = {"model": model.name, "device": ready.device, "kv_capacity_tokens": ready.kv_capacity_tokens,
+    server_args = {"model": model.name, "model_path": model.path, "device": ready.device, "kv_capacity_tokens": ready.kv_capacity_tokens,
                    "host": cfg.server.host, "port": int(cfg.server.port), "tokenizer_path": cfg.tokenizer.path,
                    "policy": OmegaConf.to_container(cfg.policy), "scheduler_config": OmegaConf.to_container(cfg.scheduler),
                    "overlap": bool(cfg.overlap), "output_dir": str(cfg.output_dir)}

@@ -39,12 +39,21 @@ def check_model(http: Request, name: str) -> None:
                        param="model", code="model_not_found")
 
 
+def model_card(http: Request) -> dict:
+    s = http.app.state
+    return {"id": s.model_name, "object": "model", "created": s.created, "owned_by": "twinserve",
+            "root": s.model_name, "max_model_len": s.limits.max_context_tokens}
+
+
 @router.get("/v1/models")
 async def models(http: Request) -> dict:
-    s = http.app.state
-    return {"object": "list", "data": [{"id": s.model_name, "object": "model", "created": s.created,
-                                        "owned_by": "twinserve", "root": s.model_name,
-                                        "max_model_len": s.limits.max_context_tokens}]}
+    return {"object": "list", "data": [model_card(http)]}
+
+
+@router.get("/v1/models/{model:path}")
+async def retrieve_model(http: Request, model: str) -> dict:
+    check_model(http, model)
+    return model_card(http)
 
 
 def choice(payload: dict, logprobs: dict | None, finish_reason: str | None, index: int = 0) -> dict:
