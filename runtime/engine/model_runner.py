@@ -26,6 +26,7 @@ from runtime.engine.batch_builder import BatchBuilder, FutureTokens, HostBatch
 from runtime.engine.forward_batch import ForwardBatch
 from runtime.engine.kv_pool import create_kv_pool
 from runtime.engine.logprob_params import top_logprobs_num
+from runtime.engine.penalties import PenaltyInputs, apply_penalties, penalty_inputs
 from runtime.engine.prompt_logprobs import PromptAsk, PromptLogprobs, prompt_asks
 from runtime.engine.sampler import SampledLogprobs, Sampler, is_greedy, pinned
 from runtime.models.config import ModelConfig
@@ -230,11 +231,12 @@ class ModelRunner:
         sampling = [it.request.sampling for it in items]
         top_nums = [top_logprobs_num(s) for s in sampling]
         asks = any(k is not None for k in top_nums)
+        penalties = penalty_inputs([it.request for it in items], sampling)
         return StepInputs(self.batches.host(plan), rows, self.future.reserve(len(rows)),
                           None if all(map(is_greedy, sampling)) and not asks else sampling,
                           [len(it.request.output_ids) for it in items], top_nums if asks else None,
                           # a prompt's log-probabilities: asked by a sampling row's request, or by a chunk's
-                          prompt_asks(plan) if asks or len(rows) < len(plan.items) else None)
+                          prompt_asks(plan) if asks or len(rows) < len(plan.items) else None, penalties)
 
     @torch.no_grad()
     def run(self, inputs: StepInputs) -> tuple[torch.Tensor, SampledLogprobs | None]:
@@ -256,6 +258,8 @@ class ModelRunner:
             return torch.empty(0, dtype=torch.long, device=self.device), None
         sampling = inputs.sampling if inputs.sampling is not None else [GREEDY] * len(rows)
         logits = logits[rows] if len(rows) < logits.shape[0] else logits  # [S, V]
+        if inputs.penalties is not None:
+            logits = apply_penalties(logits, inputs.penalties, self.future.resolve)
         ids = self.sampler.sample(logits, sampling, inputs.output_positions)
         self.future.store(torch.from_numpy(inputs.ring).to(self.device, non_blocking=True), ids)
         logprobs = None
@@ -313,6 +317,7 @@ class StepInputs:
     output_positions: list[int]     # per sampled row, len(request.output_ids)
     top_logprobs_nums: list[int | None] | None = None   # per sampled row (None: no logprobs); None: no row asks
     prompt_asks: list[PromptAsk] | None = None          # prefill chunks that want prompt log-probabilities
+    penalties: PenaltyInputs | None = None              # rows with frequency/presence/repetition penalties
 
 
 GREEDY = SamplingParams(temperature=0.0)

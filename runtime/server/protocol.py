@@ -17,6 +17,7 @@ from runtime.server.errors import APIError
 
 MAX_COMPLETION_LOGPROBS = 5      # the legacy completions API's limit
 MAX_CHOICES = 128                # prompts x n of one request
+PENALTIES = ("frequency_penalty", "presence_penalty", "repetition_penalty")
 
 
 def expand_choices(prompts: list["GenerateInput"], n: int, rid: "str | list[str] | None") -> list["GenerateInput"]:
@@ -83,6 +84,7 @@ class _OpenAISampling(_Strict):
     skip_special_tokens: bool = True
     frequency_penalty: Optional[float] = None
     presence_penalty: Optional[float] = None
+    repetition_penalty: Optional[float] = None
     rid: Optional[str] = None
 
     def check_common(self) -> None:
@@ -90,13 +92,13 @@ class _OpenAISampling(_Strict):
             raise APIError(f"n={self.n}: must be between 1 and {MAX_CHOICES}", param="n")
         if self.stream_options is not None and not self.stream:
             raise APIError("stream_options is only allowed with stream=true", param="stream_options")
-        self._reject_unsupported({"frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logit_bias": {},
+        self._reject_unsupported({"logit_bias": {},
                                   "tools": [], "functions": [], "best_of": 1, "suffix": "",
                                   "response_format": ({"type": "text"},)})
 
     def sampling(self, max_tokens: Optional[int]) -> dict:
         out: dict[str, Any] = {"max_new_tokens": max_tokens, "ignore_eos": self.ignore_eos}
-        for key in ("temperature", "top_p", "top_k", "min_p", "seed"):
+        for key in ("temperature", "top_p", "top_k", "min_p", "seed", *PENALTIES):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         if self.stop_token_ids:
@@ -196,6 +198,9 @@ class NativeSampling(_Strict):
     sampling_seed: Optional[int] = None
     skip_special_tokens: bool = True
     n: int = 1                       # parallel samples of each prompt
+    frequency_penalty: Optional[float] = None
+    presence_penalty: Optional[float] = None
+    repetition_penalty: Optional[float] = None
 
 
 class GenerateRequest(_Strict):
@@ -247,7 +252,7 @@ class GenerateRequest(_Strict):
 
     def _generate_input(self, text: Optional[str], input_ids: Optional[list[int]], sp: NativeSampling) -> "GenerateInput":
         sampling: dict[str, Any] = {"max_new_tokens": sp.max_new_tokens, "ignore_eos": sp.ignore_eos}
-        for key in ("temperature", "top_p", "top_k", "min_p"):
+        for key in ("temperature", "top_p", "top_k", "min_p", *PENALTIES):
             if getattr(sp, key) is not None:
                 sampling[key] = getattr(sp, key)
         seed = sp.seed if sp.seed is not None else sp.sampling_seed

@@ -117,3 +117,13 @@ def test_seeded_sampling_is_reproducible(client):
                 seed=1234, extra_body={"ignore_eos": True, "min_p": 0.01, "top_k": 50})
     first = client.completions.create(**args)
     assert client.completions.create(**args).choices[0].text == first.choices[0].text
+
+
+def test_penalties_reach_the_sampler(client, server):
+    """frequency/presence (OpenAI) and repetition (SGLang) penalties change a greedy generation."""
+    kw = dict(model=MODEL, prompt="penalties", max_tokens=40, temperature=0, extra_body={"ignore_eos": True})
+    plain = client.completions.create(**kw).choices[0].text
+    assert client.completions.create(**kw, frequency_penalty=2.0, presence_penalty=1.0).choices[0].text != plain
+    native = lambda sp: httpx.post(f"{server.url}/generate", timeout=60, json={   # noqa: E731
+        "text": "penalties", "sampling_params": {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True, **sp}}).json()
+    assert native({"repetition_penalty": 2.0})["output_ids"] != native({})["output_ids"]
