@@ -32,6 +32,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0    # SGLang's penalties (runtime/engine/penalties.py)
     presence_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    min_new_tokens: int = 0           # stop tokens are not sampled (and do not end it) before this many
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -49,6 +50,9 @@ class SamplingParams:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
         if not 0 < self.repetition_penalty <= 2:
             raise ValueError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise ValueError(f"min_new_tokens must be in [0, max_new_tokens={self.max_new_tokens}], "
+                             f"got {self.min_new_tokens}")
 
 
 @dataclass(frozen=True)
@@ -221,6 +225,7 @@ class Request:
             num_outputs = len(self.output_ids)
         if num_outputs >= self.sampling.max_new_tokens:
             return FinishReason.LENGTH
-        if not self.sampling.ignore_eos and token_id in self.sampling.stop_token_ids:
+        if (not self.sampling.ignore_eos and token_id in self.sampling.stop_token_ids
+                and num_outputs >= self.sampling.min_new_tokens):
             return FinishReason.STOP
         return None

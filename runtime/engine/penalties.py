@@ -5,6 +5,7 @@ the device before sampling (`apply_penalties`). Only rows whose request asks pay
   frequency: logit -= frequency_penalty x (times the token was generated)
   presence:  logit -= presence_penalty  x (1 if it was generated)
   repetition (after the two): a token in the prompt or generated gets logit / p if logit > 0, else logit x p
+  min_new_tokens: before that many tokens, the stop tokens' logits are -inf (unless ignore_eos)
 
 Legend: S = sampled rows, P = rows with penalties, V = vocabulary, N = tokens counted. Imports torch.
 """
@@ -23,6 +24,11 @@ def has_penalty(params: SamplingParams) -> bool:
     return params.frequency_penalty != 0 or params.presence_penalty != 0 or params.repetition_penalty != 1
 
 
+def blocks_stop_tokens(req: Request, params: SamplingParams) -> bool:
+    """The request's next token must not be a stop token (min_new_tokens not reached yet)."""
+    return not params.ignore_eos and len(req.output_ids) < params.min_new_tokens and bool(params.stop_token_ids)
+
+
 @dataclass
 class PenaltyInputs:
     """The penalised rows of a step and the tokens each has seen (output tokens may be placeholders of a
@@ -36,16 +42,21 @@ class PenaltyInputs:
     output_row: np.ndarray      # int64 [N_out] its row (0..P-1)
     prompt_ids: np.ndarray      # int64 [N_in] prompt tokens of rows with a repetition penalty
     prompt_row: np.ndarray      # int64 [N_in]
+    blocked_ids: np.ndarray     # int64 [M] stop tokens of rows below their min_new_tokens
+    blocked_row: np.ndarray     # int64 [M]
 
 
 def penalty_inputs(requests: Sequence[Request], params: Sequence[SamplingParams]) -> PenaltyInputs | None:
     """For the sampled rows' requests and their params; None when no row asks for a penalty."""
-    rows = [i for i, p in enumerate(params) if has_penalty(p)]
+    rows = [i for i, (req, p) in enumerate(zip(requests, params)) if has_penalty(p) or blocks_stop_tokens(req, p)]
     if not rows:
         return None
-    out_ids, out_row, in_ids, in_row = [], [], [], []
+    out_ids, out_row, in_ids, in_row, stop_ids, stop_row = [], [], [], [], [], []
     for j, i in enumerate(rows):
         req = requests[i]
+        if blocks_stop_tokens(req, params[i]):
+            stop_ids.append(np.asarray(params[i].stop_token_ids, dtype=np.int64))
+            stop_row.append(np.full(len(params[i].stop_token_ids), j, dtype=np.int64))
         generated = np.asarray(req.output_ids, dtype=np.int64)
         out_ids.append(generated)
         out_row.append(np.full(len(generated), j, dtype=np.int64))
@@ -56,7 +67,8 @@ def penalty_inputs(requests: Sequence[Request], params: Sequence[SamplingParams]
     cat = lambda parts: np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)   # noqa: E731
     pick = lambda name: np.asarray([getattr(params[i], name) for i in rows], dtype=np.float32)   # noqa: E731
     return PenaltyInputs(np.asarray(rows, dtype=np.int64), pick("frequency_penalty"), pick("presence_penalty"),
-                         pick("repetition_penalty"), cat(out_ids), cat(out_row), cat(in_ids), cat(in_row))
+                         pick("repetition_penalty"), cat(out_ids), cat(out_row), cat(in_ids), cat(in_row),
+                         cat(stop_ids), cat(stop_row))
 
 
 def apply_penalties(logits: torch.Tensor, pen: PenaltyInputs,
@@ -78,6 +90,8 @@ def apply_penalties(logits: torch.Tensor, pen: PenaltyInputs,
             seen[put(pen.prompt_row), put(pen.prompt_ids).clamp_(0, vocab - 1)] = True
         rep = put(pen.repetition)[:, None]                                           # [P, 1]
         sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
+    if pen.blocked_ids.size:
+        sub[put(pen.blocked_row), put(pen.blocked_ids).clamp_(0, vocab - 1)] = float("-inf")
     out = logits.float().clone()
     out[rows] = sub
     return out

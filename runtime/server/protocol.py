@@ -85,6 +85,7 @@ class _OpenAISampling(_Strict):
     frequency_penalty: Optional[float] = None
     presence_penalty: Optional[float] = None
     repetition_penalty: Optional[float] = None
+    min_tokens: Optional[int] = None             # vLLM / SGLang: SGLang's min_new_tokens
     rid: Optional[str] = None
 
     def check_common(self) -> None:
@@ -103,6 +104,8 @@ class _OpenAISampling(_Strict):
                 out[key] = getattr(self, key)
         if self.stop_token_ids:
             out["stop_token_ids"] = list(self.stop_token_ids)
+        if self.min_tokens is not None:
+            out["min_new_tokens"] = self.min_tokens
         return out
 
     def choices(self, prompts: list["GenerateInput"]) -> list["GenerateInput"]:
@@ -198,6 +201,7 @@ class NativeSampling(_Strict):
     sampling_seed: Optional[int] = None
     skip_special_tokens: bool = True
     n: int = 1                       # parallel samples of each prompt
+    min_new_tokens: Optional[int] = None
     frequency_penalty: Optional[float] = None
     presence_penalty: Optional[float] = None
     repetition_penalty: Optional[float] = None
@@ -252,7 +256,7 @@ class GenerateRequest(_Strict):
 
     def _generate_input(self, text: Optional[str], input_ids: Optional[list[int]], sp: NativeSampling) -> "GenerateInput":
         sampling: dict[str, Any] = {"max_new_tokens": sp.max_new_tokens, "ignore_eos": sp.ignore_eos}
-        for key in ("temperature", "top_p", "top_k", "min_p", *PENALTIES):
+        for key in ("temperature", "top_p", "top_k", "min_p", "min_new_tokens", *PENALTIES):
             if getattr(sp, key) is not None:
                 sampling[key] = getattr(sp, key)
         seed = sp.seed if sp.seed is not None else sp.sampling_seed

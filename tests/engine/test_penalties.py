@@ -86,3 +86,25 @@ def test_served_penalties_are_the_same_with_overlap_scheduling():
     assert plain != with_overlap
     repeats = lambda outs: sum(len(ids) - len(set(ids)) for ids in outs.values())   # noqa: E731
     assert repeats(with_overlap) < repeats(plain)
+
+
+def test_min_new_tokens_keeps_stop_tokens_out_until_reached():
+    """Greedy, the first token t0 made a stop token: without min_new_tokens the request stops at once;
+    with min_new_tokens=5 it runs at least 5 tokens, none of the first 4 being t0."""
+    cfg = compose_config(["mode=real"] + TINY)
+    core = build_core(cfg)
+    runner = ModelRunner(dict(core.model.hf_config), core.kv_capacity_tokens, device="cpu", dtype="float32")
+    spec = instantiate(cfg.workload).requests()[0]
+
+    def run(rid: str, sampling: SamplingParams) -> list[int]:
+        done = RealDriver(core.scheduler, runner, progress=False, overlap=True).run(
+            [dataclasses.replace(spec, rid=rid, arrival_s=0.0, sampling=sampling)])
+        return list(done.requests[0].output_ids)
+
+    t0 = run("probe", SamplingParams(max_new_tokens=1, temperature=0.0))[0]
+    stop_at_once = SamplingParams(max_new_tokens=12, temperature=0.0, stop_token_ids=(t0,))
+    assert run("plain", stop_at_once) == [t0]
+    held = run("held", dataclasses.replace(stop_at_once, min_new_tokens=5))
+    assert len(held) >= 5 and t0 not in held[:4]
+    held_request = Request(rid="r", arrival_s=0.0, input_ids=[1], sampling=dataclasses.replace(stop_at_once, min_new_tokens=5))
+    assert held_request.finishes_with(t0, 4) is None and held_request.finishes_with(t0, 5) is not None

@@ -127,3 +127,8 @@ def test_penalties_reach_the_sampler(client, server):
     native = lambda sp: httpx.post(f"{server.url}/generate", timeout=60, json={   # noqa: E731
         "text": "penalties", "sampling_params": {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True, **sp}}).json()
     assert native({"repetition_penalty": 2.0})["output_ids"] != native({})["output_ids"]
+    assert native({"min_new_tokens": 8, "max_new_tokens": 8})["meta_info"]["completion_tokens"] == 8
+    out = client.completions.create(model=MODEL, prompt="min", max_tokens=6, temperature=0, extra_body={"min_tokens": 6})
+    assert out.usage.completion_tokens == 6
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=MODEL, prompt="min", max_tokens=2, extra_body={"min_tokens": 3})
