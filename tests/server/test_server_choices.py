@@ -102,7 +102,10 @@ def test_each_choice_carries_its_own_logprobs(client):
         assert c.text.startswith(["one", "two"][c.index // 2])            # echo: each choice its own prompt
         assert len(c.logprobs.tokens) == len(c.logprobs.token_logprobs) == len(c.logprobs.top_logprobs)
         assert c.logprobs.token_logprobs[0] is None                        # the prompt's first token
-    assert out.choices[0].logprobs.token_logprobs == out.choices[1].logprobs.token_logprobs
+    first, second = out.choices[0].logprobs, out.choices[1].logprobs   # the same prompt, greedy: the same tokens
+    assert first.tokens == second.tokens and second.token_logprobs[0] is None
+    # values within float noise: the two choices may run in batches of different make-up
+    assert second.token_logprobs[1:] == pytest.approx(first.token_logprobs[1:], rel=1e-4, abs=1e-5)
 
 
 def generate(server, body: dict):
