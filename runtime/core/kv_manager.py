@@ -41,13 +41,17 @@ class KVManager:
     # -- prefix ---------------------------------------------------------------------
     def match(self, req: Request, now: float | None = None) -> MatchResult:
         """Longest cached prefix of the request's tokens, leaving at least one token to compute
-        (the last position must run through the model to give logits). With `now` the matched
-        nodes count as accessed at `now` (SGLang's match_prefix). Mutates no request."""
+        (the last position must run through the model to give logits) and, for a request that wants
+        prompt log-probabilities from `logprob_start_len` on, none from there (SGLang caps the match
+        there: those positions' logits come from its own prefill). With `now` the matched nodes count
+        as accessed at `now` (SGLang's match_prefix). Mutates no request."""
         tokens = req.tokens()
+        limit = len(tokens) - 1
+        if req.sampling.logprob_start_len >= 0:
+            limit = min(limit, req.sampling.logprob_start_len)
         if req.output_ids:             # tokens that may still change (retracted, overlap placeholders)
-            return self.cache.match_prefix(tokens, max_tokens=len(tokens) - 1, now=now)
-        result = self.cache.match_prefix(tokens, max_tokens=len(tokens) - 1, now=now,
-                                         start=self._last_match.get(req))
+            return self.cache.match_prefix(tokens, max_tokens=limit, now=now)
+        result = self.cache.match_prefix(tokens, max_tokens=limit, now=now, start=self._last_match.get(req))
         self._last_match[req] = result
         return result
 

@@ -33,6 +33,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     repetition_penalty: float = 1.0
     min_new_tokens: int = 0           # stop tokens are not sampled (and do not end it) before this many
+    logprob_start_len: int = -1       # >= 0: prompt log-probabilities from there; the prefix match stops there
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -50,6 +51,8 @@ class SamplingParams:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
         if not 0 < self.repetition_penalty <= 2:
             raise ValueError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
+        if self.logprob_start_len < -1:
+            raise ValueError(f"logprob_start_len must be >= -1, got {self.logprob_start_len}")
         if not 0 <= self.min_new_tokens <= self.max_new_tokens:
             raise ValueError(f"min_new_tokens must be in [0, max_new_tokens={self.max_new_tokens}], "
                              f"got {self.min_new_tokens}")

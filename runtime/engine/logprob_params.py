@@ -16,18 +16,16 @@ MAX_TOP_LOGPROBS = 20       # OpenAI's chat limit; also the most /generate accep
 class LogprobSamplingParams(SamplingParams):
     """SamplingParams plus `top_logprobs_num`: each sampled token comes back with its log-probability
     and the `top_logprobs_num` most likely (token, log-probability) pairs of its distribution.
-    `logprob_start_len` >= 0 (SGLang's): the prompt tokens from that position on come back too, each
-    with its log-probability given the tokens before it (the first one's is None); -1: none."""
+    `logprob_start_len` (a SamplingParams field, since the core reads it: the prefix match stops there)
+    >= 0 (SGLang's): the prompt tokens from that position on come back too, each with its
+    log-probability given the tokens before it (the first one's is None); -1: none."""
 
     top_logprobs_num: int = 0
-    logprob_start_len: int = -1
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if not 0 <= self.top_logprobs_num <= MAX_TOP_LOGPROBS:
             raise ValueError(f"top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs_num}")
-        if self.logprob_start_len < -1:
-            raise ValueError(f"logprob_start_len must be >= -1, got {self.logprob_start_len}")
 
 
 def top_logprobs_num(params: SamplingParams) -> int | None:

@@ -85,7 +85,7 @@ class ModelRunner:
         # graphs: one extra slot past the core's capacity, where padding rows write
         self.pool = create_kv_pool(config, num_kv_slots + (1 if use_graphs else 0), self.dtype, self.device)
         self.sampler = Sampler(device=self.device, seed=seed)
-        self.prompt_logprobs = PromptLogprobs(self._private_hidden_states, self.model.compute_logits)
+        self.prompt_logprobs = PromptLogprobs(self.model.compute_logits)
         rows = max_running_requests + SLOT_TABLE_EXTRA_ROWS   # + the chunked request, finished ones in flight
         columns = min(max_context_tokens or config.max_position_embeddings, num_kv_slots) + 2
         self.future = FutureTokens(4 * rows, self.device)
@@ -152,12 +152,6 @@ class ModelRunner:
             fb.attn_backend = self.attn_backend
             self.attn_backend.plan_step(fb)       # once per step, before any layer
         return self.model.hidden_states(fb, pool)
-
-    def _private_hidden_states(self, ids: list[int]) -> torch.Tensor:
-        """A plain forward over `ids` from position 0 in a KV pool of its own: [len(ids), H] (prompt
-        positions whose KV the radix cache provided, for their log-probabilities)."""
-        pool = create_kv_pool(self._config, len(ids), self.dtype, self.device)
-        return self._eager_hidden_states(ForwardBatch.build([(ids, 0, list(range(len(ids))))], self.device), pool)
 
     @torch.no_grad()
     def warmup(self, prefill_tokens: list[int]) -> float:

@@ -1,7 +1,8 @@
 """Log-probabilities of prompt tokens (SGLang's input_token_logprobs) for the requests that ask: the
 rows of each prefill chunk that predict a prompt token, reduced to the token's log-probability and the
 top-k as the chunk runs, stitched across a request's chunks and handed over with its first sampled
-token. Prompt positions the radix cache skipped are recomputed once in a private KV pool.
+token. The prefix match of such a request stops at its start (runtime.core.kv_manager), so every
+position it asks about runs in its own prefill.
 Imports torch; the host-side planning (`PromptAsk`) reads only the plan.
 """
 from __future__ import annotations
@@ -80,13 +81,9 @@ class _Partial:
 
 
 class PromptLogprobs:
-    """Per request, the values of its chunks so far. `hidden_states(ids, num_tokens)`: final hidden
-    states [num_tokens, H] of a plain forward over `ids` in a private KV pool (the cache-skipped
-    positions); `lm_head(hidden)`: float32 logits [rows, V]."""
+    """Per request, the values of its chunks so far. `lm_head(hidden)`: float32 logits [rows, V]."""
 
-    def __init__(self, hidden_states: Callable[[list[int]], torch.Tensor],
-                 lm_head: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        self._private_hidden = hidden_states
+    def __init__(self, lm_head: Callable[[torch.Tensor], torch.Tensor]) -> None:
         self._lm_head = lm_head
         self._partial: dict[str, _Partial] = {}
 
@@ -109,11 +106,10 @@ class PromptLogprobs:
             last = len(ask.prompt_ids) - 1      # positions before the last prompt token predict one
             part = self._partial.get(ask.rid)
             if part is None or part.next_pos != ask.prefix:        # its first chunk (or a new prefill)
+                if ask.prefix > ask.start:
+                    raise RuntimeError(f"{ask.rid}: prompt log-probabilities from {ask.start} on, but its "
+                                       f"prefill starts at {ask.prefix} (the prefix match must stop at the start)")
                 part = self._partial[ask.rid] = _Partial(ask.start, ask.start)
-                skipped = min(ask.prefix, last)
-                if skipped > ask.start:                           # served from the radix cache
-                    rows = self._private_hidden(list(ask.prompt_ids[:skipped]))[ask.start:skipped]
-                    part.parts.append(self._reduce(rows, ask.prompt_ids[ask.start + 1:skipped + 1], ask.top_num))
             lo, hi = max(ask.start, ask.prefix), min(ask.prefix + ask.num_new, last)
             if lo < hi:
                 base = offsets[ask.seq] - ask.prefix
