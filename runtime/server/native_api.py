@@ -108,5 +108,6 @@ async def _batch_stream(streams: list[AsyncIterator[str]]) -> AsyncIterator[str]
 @router.post("/abort_request")
 async def abort_request(http: Request):
     req = await parse(http, AbortRequest)
-    http.app.state.manager.abort(req.rid)
-    return JSONResponse({"rid": req.rid, "aborted": True})
+    manager: TokenizerManager = http.app.state.manager
+    aborted = [rid for rid in req.rids(list(manager.states)) if manager.abort_for_client(rid)]
+    return JSONResponse({"aborted": aborted})

@@ -289,7 +289,17 @@ class GenerateRequest(_Strict):
 
 
 class AbortRequest(_Strict):
-    rid: str
+    """SGLang's: one request by `rid`, or every request in flight with `abort_all`."""
+
+    rid: Optional[str] = None
+    abort_all: bool = False
+
+    def rids(self, in_flight: list[str]) -> list[str]:
+        if self.abort_all:
+            return in_flight
+        if not self.rid:
+            raise APIError("give a rid, or abort_all=true", param="rid")
+        return [self.rid]
 
 
 @dataclass

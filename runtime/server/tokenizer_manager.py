@@ -90,11 +90,19 @@ class TokenizerManager:
         return state
 
     def abort(self, rid: str) -> None:
-        """Client gone or asked to abort: the scheduler frees its KV; later outputs are dropped."""
+        """Client gone: the scheduler frees its KV; later outputs are dropped."""
         state = self.states.pop(rid, None)
         if state is not None and not state.done:
             self.metrics.finished.labels(reason="abort").inc()
         self._push.send_pyobj(AbortReq(rid))
+
+    def abort_for_client(self, rid: str) -> bool:
+        """/abort_request: the scheduler ends the request, whose client gets its outputs so far and the
+        finish (reason abort). False when no such request is in flight."""
+        if rid not in self.states:
+            return False
+        self._push.send_pyobj(AbortReq(rid))
+        return True
 
     async def control(self, kind: str, args: dict | None = None, timeout_s: float = 60.0) -> ControlReply:
         if self.dead:

@@ -1,6 +1,10 @@
 """SGLang's operational endpoints besides the APIs: /health_generate (a token through the whole pipeline),
-/get_model_info, /flush_cache by GET or POST, and the OpenAI model retrieval (`client.models.retrieve`)."""
+/get_model_info, /flush_cache by GET or POST, /abort_request (by rid or abort_all), and the OpenAI model
+retrieval (`client.models.retrieve`)."""
 from __future__ import annotations
+
+import json
+import threading
 
 import httpx
 import pytest
@@ -33,3 +37,38 @@ def test_openai_client_retrieves_the_model_and_not_another(server):
     assert card.id == MODEL and card.object == "model"
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("gpt-9")
+
+
+def _stream_until_finish(server, rid: str, started, finishes: dict) -> None:
+    body = {"rid": rid, "text": "abort me", "stream": True, "sampling_params": {"max_new_tokens": 1800,
+                                                                                "ignore_eos": True}}
+    with httpx.stream("POST", f"{server.url}/generate", json=body, timeout=120) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                started.set()
+                finish = json.loads(line[6:])["meta_info"]["finish_reason"]
+                if finish is not None:
+                    finishes[rid] = finish["type"]
+
+
+def test_abort_request_ends_the_stream_of_its_client(server):
+    """/abort_request by rid or abort_all: the requests' own clients get their finish (abort), nothing hangs."""
+    for how in ("rid", "all"):
+        rids, finishes, threads = [f"victim-{how}-{i}" for i in range(2)], {}, []
+        for rid in rids:
+            started = threading.Event()
+            thread = threading.Thread(target=_stream_until_finish, args=(server, rid, started, finishes), daemon=True)
+            thread.start()
+            assert started.wait(60)
+            threads.append(thread)
+        body = {"abort_all": True} if how == "all" else {"rid": rids[0]}
+        aborted = httpx.post(f"{server.url}/abort_request", json=body, timeout=30).json()["aborted"]
+        assert sorted(aborted) == (sorted(rids) if how == "all" else [rids[0]])
+        if how == "rid":
+            httpx.post(f"{server.url}/abort_request", json={"rid": rids[1]}, timeout=30)
+        for thread in threads:
+            thread.join(60)
+            assert not thread.is_alive()
+        assert finishes == {rid: "abort" for rid in rids}
+    info = httpx.get(f"{server.url}/get_server_info", timeout=30).json()
+    assert info["scheduler"]["num_in_flight"] == 0 and info["num_http_requests_in_flight"] == 0
