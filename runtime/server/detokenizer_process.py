@@ -42,7 +42,7 @@ class Detokenizer:
             spec = out.detok
             detok = IncrementalDetokenizer(self.tokenizer, spec.prompt_tail_ids if spec else None,
                                            spec.skip_special_tokens if spec else True)
-            stop = StopStringMatcher(spec.stop_strs) if spec and spec.stop_strs else None
+            stop = StopStringMatcher(spec.stop_strs, spec.no_stop_trim) if spec and spec.stop_strs else None
             state = self._states[out.rid] = (detok, stop)
         detok, stop = state
         text = detok.push(out.token_ids) if out.token_ids else ""

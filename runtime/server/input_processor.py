@@ -84,5 +84,5 @@ class InputProcessor:
                                                  logprob_start_len=-1 if start is None else start)
         except (ValueError, TypeError) as err:
             raise APIError(str(err), param=str(err).split(" ")[0]) from err
-        detok = DetokSpec(ids[-NUM_PROMPT_CONTEXT_TOKENS:], gi.stop_strs, gi.skip_special_tokens)
+        detok = DetokSpec(ids[-NUM_PROMPT_CONTEXT_TOKENS:], gi.stop_strs, gi.skip_special_tokens, gi.no_stop_trim)
         return TokenizedRequest(rid, ids, sampling, arrival_clock_s, detok)

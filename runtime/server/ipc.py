@@ -33,6 +33,7 @@ class DetokSpec:
     prompt_tail_ids: list[int]
     stop_strs: tuple[str, ...] = ()
     skip_special_tokens: bool = True
+    no_stop_trim: bool = False       # the matched stop string stays in the text (SGLang's no_stop_trim)
 
 
 @dataclass

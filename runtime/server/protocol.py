@@ -86,6 +86,7 @@ class _OpenAISampling(_Strict):
     presence_penalty: Optional[float] = None
     repetition_penalty: Optional[float] = None
     min_tokens: Optional[int] = None             # vLLM / SGLang: SGLang's min_new_tokens
+    no_stop_trim: bool = False                   # SGLang: keep the matched stop string in the text
     rid: Optional[str] = None
 
     def check_common(self) -> None:
@@ -159,7 +160,7 @@ class ChatCompletionRequest(_OpenAISampling):
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
         return GenerateInput(messages=[{"role": m.role, "content": m.text()} for m in self.messages],
                              sampling=self.sampling(max_tokens), stop_strs=self.stop_strs(), stream=self.stream,
-                             rid=self.rid, skip_special_tokens=self.skip_special_tokens,
+                             rid=self.rid, skip_special_tokens=self.skip_special_tokens, no_stop_trim=self.no_stop_trim,
                              top_logprobs_num=(self.top_logprobs or 0) if self.logprobs else None)
 
 
@@ -182,6 +183,7 @@ class CompletionRequest(_OpenAISampling):
             text, ids = (prompt, None) if isinstance(prompt, str) else (None, list(prompt))
             inputs.append(GenerateInput(text=text, input_ids=ids, sampling=dict(sampling), stop_strs=stops,
                                         stream=self.stream, rid=self.rid, skip_special_tokens=self.skip_special_tokens,
+                                        no_stop_trim=self.no_stop_trim,
                                         top_logprobs_num=self.logprobs,
                                         logprob_start_len=0 if self.echo and self.logprobs is not None else None))
         return self.choices(inputs)
@@ -201,6 +203,15 @@ class NativeSampling(_Strict):
     sampling_seed: Optional[int] = None
     skip_special_tokens: bool = True
     n: int = 1                       # parallel samples of each prompt
+    no_stop_trim: bool = False       # keep the matched stop string in the text
+    spaces_between_special_tokens: bool = True   # accepted; the tokenizers here decode without extra spaces
+    # SGLang keys this server cannot honour: accepted when null, a 400 otherwise
+    json_schema: Optional[str] = None
+    regex: Optional[str] = None
+    ebnf: Optional[str] = None
+    structural_tag: Optional[str] = None
+    logit_bias: Optional[dict] = None
+    custom_params: Optional[dict] = None
     min_new_tokens: Optional[int] = None
     frequency_penalty: Optional[float] = None
     presence_penalty: Optional[float] = None
@@ -255,6 +266,10 @@ class GenerateRequest(_Strict):
         return expand_choices(inputs, params[0].n, self.rid)
 
     def _generate_input(self, text: Optional[str], input_ids: Optional[list[int]], sp: NativeSampling) -> "GenerateInput":
+        for key in ("json_schema", "regex", "ebnf", "structural_tag", "logit_bias", "custom_params"):
+            if getattr(sp, key):
+                raise APIError(f"sampling_params.{key} is not supported by this server", param=f"sampling_params.{key}",
+                               code="unsupported")
         sampling: dict[str, Any] = {"max_new_tokens": sp.max_new_tokens, "ignore_eos": sp.ignore_eos}
         for key in ("temperature", "top_p", "top_k", "min_p", "min_new_tokens", *PENALTIES):
             if getattr(sp, key) is not None:
@@ -269,7 +284,8 @@ class GenerateRequest(_Strict):
             raise APIError("stop strings must not be empty", param="sampling_params.stop")
         return GenerateInput(text=text, input_ids=input_ids, sampling=sampling, stop_strs=stops,
                              stream=self.stream, rid=None,
-                             skip_special_tokens=sp.skip_special_tokens, top_logprobs_num=self._top_logprobs_num(),
+                             skip_special_tokens=sp.skip_special_tokens, no_stop_trim=sp.no_stop_trim,
+                             top_logprobs_num=self._top_logprobs_num(),
                              logprob_start_len=self._logprob_start_len())
 
     def _top_logprobs_num(self) -> Optional[int]:
@@ -316,5 +332,6 @@ class GenerateInput:
     stream: bool = False
     rid: Optional[str] = None
     skip_special_tokens: bool = True
+    no_stop_trim: bool = False                 # keep the matched stop string in the text
     top_logprobs_num: Optional[int] = None     # None: no log-probabilities; k: the token's and the top k
     logprob_start_len: Optional[int] = None    # prompt tokens from this position on get theirs too

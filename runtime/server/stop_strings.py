@@ -9,12 +9,14 @@ from collections.abc import Sequence
 
 class StopStringMatcher:
     """`feed(delta)` returns the text that is safe to emit; once a stop string appeared, `matched`
-    is that string and nothing more is emitted. `flush()` releases the held-back tail at the end."""
+    is that string and nothing more is emitted (`keep_stop`: the stop string itself is emitted too,
+    SGLang's no_stop_trim). `flush()` releases the held-back tail at the end."""
 
-    def __init__(self, stops: Sequence[str]) -> None:
+    def __init__(self, stops: Sequence[str], keep_stop: bool = False) -> None:
         if any(not s for s in stops):
             raise ValueError("stop strings must not be empty")
         self.stops = tuple(stops)
+        self.keep_stop = keep_stop
         self.matched: str | None = None
         self._held = ""
 
@@ -26,7 +28,7 @@ class StopStringMatcher:
         if hits:
             pos, i = min(hits)
             self.matched, self._held = self.stops[i], ""
-            return text[:pos]
+            return text[:pos + len(self.matched)] if self.keep_stop else text[:pos]
         keep = max((self._prefix_tail(text, s) for s in self.stops), default=0)
         self._held = text[len(text) - keep:] if keep else ""
         return text[:len(text) - keep]

@@ -72,3 +72,21 @@ def test_abort_request_ends_the_stream_of_its_client(server):
         assert finishes == {rid: "abort" for rid in rids}
     info = httpx.get(f"{server.url}/get_server_info", timeout=30).json()
     assert info["scheduler"]["num_in_flight"] == 0 and info["num_http_requests_in_flight"] == 0
+
+
+def test_native_sampling_keys_of_sglang(server):
+    """no_stop_trim keeps the matched stop string; SGLang's keys this server lacks pass when null."""
+    greedy = {"max_new_tokens": 48, "temperature": 0, "ignore_eos": True}
+    generate = lambda sp: httpx.post(f"{server.url}/generate", timeout=60,   # noqa: E731
+                                     json={"text": "stop strings", "sampling_params": sp}).json()
+    text = generate(greedy)["text"]
+    stop = next((c for c in text if c.isprintable() and c != " "), None)
+    assert stop is not None, f"greedy text without a printable character: {text!r}"
+    cut = text.index(stop)
+    assert generate({**greedy, "stop": stop})["text"] == text[:cut]
+    assert generate({**greedy, "stop": stop, "no_stop_trim": True})["text"] == text[:cut + 1]
+    nulls = {"json_schema": None, "regex": None, "ebnf": None, "logit_bias": None, "custom_params": None,
+             "spaces_between_special_tokens": False}
+    assert generate({**greedy, **nulls})["text"] == text
+    r = httpx.post(f"{server.url}/generate", json={"text": "x", "sampling_params": {"regex": "a+"}}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "sampling_params.regex"

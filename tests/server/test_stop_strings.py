@@ -9,8 +9,8 @@ import pytest
 from runtime.server.stop_strings import StopStringMatcher
 
 
-def stream(stops, text: str, cuts: list[int]) -> tuple[str, str | None]:
-    m = StopStringMatcher(stops)
+def stream(stops, text: str, cuts: list[int], keep_stop: bool = False) -> tuple[str, str | None]:
+    m = StopStringMatcher(stops, keep_stop)
     pieces, last = [], 0
     for cut in sorted(cuts) + [len(text)]:
         pieces.append(m.feed(text[last:cut]))
@@ -35,6 +35,8 @@ def test_any_split_gives_the_text_before_the_first_stop(seed):
     stops = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 4))) for _ in range(rng.randint(1, 3))]
     cuts = [rng.randint(0, len(text)) for _ in range(rng.randint(0, 8))]
     assert stream(stops, text, cuts) == reference(stops, text)
+    kept, matched = reference(stops, text)           # no_stop_trim: the stop string too
+    assert stream(stops, text, cuts, keep_stop=True) == (kept + (matched or ""), matched)
 
 
 def test_holds_back_a_possible_stop_then_releases_it():
