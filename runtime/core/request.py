@@ -34,6 +34,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     min_new_tokens: int = 0           # stop tokens are not sampled (and do not end it) before this many
     logprob_start_len: int = -1       # >= 0: prompt log-probabilities from there; the prefix match stops there
+    logit_bias: tuple[tuple[int, float], ...] = ()   # (token id, bias) added to its logit (OpenAI's logit_bias)
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -51,6 +52,8 @@ class SamplingParams:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
         if not 0 < self.repetition_penalty <= 2:
             raise ValueError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
+        if any(not -100 <= bias <= 100 for _, bias in self.logit_bias):
+            raise ValueError(f"logit_bias values must be in [-100, 100], got {dict(self.logit_bias)}")
         if self.logprob_start_len < -1:
             raise ValueError(f"logprob_start_len must be >= -1, got {self.logprob_start_len}")
         if not 0 <= self.min_new_tokens <= self.max_new_tokens:

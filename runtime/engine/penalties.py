@@ -5,6 +5,7 @@ the device before sampling (`apply_penalties`). Only rows whose request asks pay
   frequency: logit -= frequency_penalty x (times the token was generated)
   presence:  logit -= presence_penalty  x (1 if it was generated)
   repetition (after the two): a token in the prompt or generated gets logit / p if logit > 0, else logit x p
+  logit_bias: the given bias added to each named token's logit (after the penalties)
   min_new_tokens: before that many tokens, the stop tokens' logits are -inf (unless ignore_eos)
 
 Legend: S = sampled rows, P = rows with penalties, V = vocabulary, N = tokens counted. Imports torch.
@@ -21,7 +22,8 @@ from runtime.core.request import Request, SamplingParams
 
 
 def has_penalty(params: SamplingParams) -> bool:
-    return params.frequency_penalty != 0 or params.presence_penalty != 0 or params.repetition_penalty != 1
+    return (params.frequency_penalty != 0 or params.presence_penalty != 0 or params.repetition_penalty != 1
+            or bool(params.logit_bias))
 
 
 def blocks_stop_tokens(req: Request, params: SamplingParams) -> bool:
@@ -44,6 +46,9 @@ class PenaltyInputs:
     prompt_row: np.ndarray      # int64 [N_in]
     blocked_ids: np.ndarray     # int64 [M] stop tokens of rows below their min_new_tokens
     blocked_row: np.ndarray     # int64 [M]
+    bias_ids: np.ndarray        # int64 [K] tokens with a logit bias
+    bias_row: np.ndarray        # int64 [K]
+    bias: np.ndarray            # float32 [K]
 
 
 def penalty_inputs(requests: Sequence[Request], params: Sequence[SamplingParams]) -> PenaltyInputs | None:
@@ -52,8 +57,13 @@ def penalty_inputs(requests: Sequence[Request], params: Sequence[SamplingParams]
     if not rows:
         return None
     out_ids, out_row, in_ids, in_row, stop_ids, stop_row = [], [], [], [], [], []
+    bias_ids, bias_row, bias = [], [], []
     for j, i in enumerate(rows):
         req = requests[i]
+        for token, value in params[i].logit_bias:
+            bias_ids.append(token)
+            bias_row.append(j)
+            bias.append(value)
         if blocks_stop_tokens(req, params[i]):
             stop_ids.append(np.asarray(params[i].stop_token_ids, dtype=np.int64))
             stop_row.append(np.full(len(params[i].stop_token_ids), j, dtype=np.int64))
@@ -68,7 +78,8 @@ def penalty_inputs(requests: Sequence[Request], params: Sequence[SamplingParams]
     pick = lambda name: np.asarray([getattr(params[i], name) for i in rows], dtype=np.float32)   # noqa: E731
     return PenaltyInputs(np.asarray(rows, dtype=np.int64), pick("frequency_penalty"), pick("presence_penalty"),
                          pick("repetition_penalty"), cat(out_ids), cat(out_row), cat(in_ids), cat(in_row),
-                         cat(stop_ids), cat(stop_row))
+                         cat(stop_ids), cat(stop_row), np.asarray(bias_ids, dtype=np.int64),
+                         np.asarray(bias_row, dtype=np.int64), np.asarray(bias, dtype=np.float32))
 
 
 def apply_penalties(logits: torch.Tensor, pen: PenaltyInputs,
@@ -90,6 +101,8 @@ def apply_penalties(logits: torch.Tensor, pen: PenaltyInputs,
             seen[put(pen.prompt_row), put(pen.prompt_ids).clamp_(0, vocab - 1)] = True
         rep = put(pen.repetition)[:, None]                                           # [P, 1]
         sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
+    if pen.bias_ids.size:
+        sub.index_put_((put(pen.bias_row), put(pen.bias_ids).clamp_(0, vocab - 1)), put(pen.bias), accumulate=True)
     if pen.blocked_ids.size:
         sub[put(pen.blocked_row), put(pen.blocked_ids).clamp_(0, vocab - 1)] = float("-inf")
     out = logits.float().clone()

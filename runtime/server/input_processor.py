@@ -62,6 +62,10 @@ class InputProcessor:
             raise APIError(f"the prompt has {num_prompt} tokens; the KV cache holds "
                            f"{self.limits.kv_capacity_tokens}", param="prompt", code="context_length_exceeded")
         values = dict(gi.sampling)
+        outside = [t for t, _ in values.get("logit_bias", ()) if not 0 <= t < self.limits.vocab_size]
+        if outside:
+            raise APIError(f"logit_bias names token {outside[0]}, outside the vocabulary [0, {self.limits.vocab_size})",
+                           param="logit_bias")
         max_new = values.get("max_new_tokens")
         if max_new is None:
             max_new = context - num_prompt

@@ -45,6 +45,20 @@ def expand_choices(prompts: list["GenerateInput"], n: int, rid: "str | list[str]
     return out
 
 
+def parse_logit_bias(bias: dict, param: str) -> tuple[tuple[int, float], ...]:
+    """OpenAI's {"token id": bias} as sorted (id, bias) pairs; a key that is not an id is a 400."""
+    pairs = []
+    for key, value in bias.items():
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            raise APIError(f"{param} keys must be token ids, got {key!r}", param=param) from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise APIError(f"{param}[{key!r}] must be a number", param=param)
+        pairs.append((token, float(value)))
+    return tuple(sorted(pairs))
+
+
 def _check_top_count(value: int, limit: int, param: str) -> None:
     if not 0 <= value <= limit:
         raise APIError(f"{param}={value}: must be between 0 and {limit}", param=param)
@@ -86,6 +100,7 @@ class _OpenAISampling(_Strict):
     presence_penalty: Optional[float] = None
     repetition_penalty: Optional[float] = None
     min_tokens: Optional[int] = None             # vLLM / SGLang: SGLang's min_new_tokens
+    logit_bias: Optional[dict[str, float]] = None   # token id (as a string, OpenAI's) -> bias in [-100, 100]
     no_stop_trim: bool = False                   # SGLang: keep the matched stop string in the text
     rid: Optional[str] = None
 
@@ -94,7 +109,7 @@ class _OpenAISampling(_Strict):
             raise APIError(f"n={self.n}: must be between 1 and {MAX_CHOICES}", param="n")
         if self.stream_options is not None and not self.stream:
             raise APIError("stream_options is only allowed with stream=true", param="stream_options")
-        self._reject_unsupported({"logit_bias": {},
+        self._reject_unsupported({
                                   "tools": [], "functions": [], "best_of": 1, "suffix": "",
                                   "response_format": ({"type": "text"},)})
 
@@ -107,6 +122,8 @@ class _OpenAISampling(_Strict):
             out["stop_token_ids"] = list(self.stop_token_ids)
         if self.min_tokens is not None:
             out["min_new_tokens"] = self.min_tokens
+        if self.logit_bias:
+            out["logit_bias"] = parse_logit_bias(self.logit_bias, "logit_bias")
         return out
 
     def choices(self, prompts: list["GenerateInput"]) -> list["GenerateInput"]:
@@ -266,7 +283,7 @@ class GenerateRequest(_Strict):
         return expand_choices(inputs, params[0].n, self.rid)
 
     def _generate_input(self, text: Optional[str], input_ids: Optional[list[int]], sp: NativeSampling) -> "GenerateInput":
-        for key in ("json_schema", "regex", "ebnf", "structural_tag", "logit_bias", "custom_params"):
+        for key in ("json_schema", "regex", "ebnf", "structural_tag", "custom_params"):
             if getattr(sp, key):
                 raise APIError(f"sampling_params.{key} is not supported by this server", param=f"sampling_params.{key}",
                                code="unsupported")
@@ -279,6 +296,8 @@ class GenerateRequest(_Strict):
             sampling["seed"] = seed
         if sp.stop_token_ids:
             sampling["stop_token_ids"] = list(sp.stop_token_ids)
+        if sp.logit_bias:
+            sampling["logit_bias"] = parse_logit_bias(sp.logit_bias, "sampling_params.logit_bias")
         stops = (sp.stop,) if isinstance(sp.stop, str) else tuple(sp.stop or ())
         if any(s == "" for s in stops):
             raise APIError("stop strings must not be empty", param="sampling_params.stop")

@@ -35,6 +35,8 @@ def reference(logits_row, prompt, output, p: SamplingParams):
         out[token] -= p.frequency_penalty * n + p.presence_penalty * (n > 0)
         if token in output or token in prompt:
             out[token] = out[token] / p.repetition_penalty if out[token] > 0 else out[token] * p.repetition_penalty
+    for token, bias in p.logit_bias:
+        out[token] += bias
     return out
 
 
@@ -46,7 +48,7 @@ def test_penalised_rows_match_the_reference_and_the_others_are_untouched():
     rows = [([1, 2], [5, 5, 2, -1], SamplingParams(frequency_penalty=0.5, presence_penalty=0.25)),
             ([0], [4], SamplingParams()),
             ([9, 9, 8], [4, -2], SamplingParams(repetition_penalty=1.5)),
-            ([6], [], SamplingParams(frequency_penalty=-1.0, repetition_penalty=0.5))]
+            ([6], [], SamplingParams(frequency_penalty=-1.0, repetition_penalty=0.5, logit_bias=((2, 5.0), (6, -1.5))))]
     pen = penalty_inputs([request(p, o) for p, o, _ in rows], [s for _, _, s in rows])
     got = apply_penalties(logits, pen, resolve)
     for i, (prompt, output, params) in enumerate(rows):

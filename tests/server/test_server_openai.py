@@ -132,3 +132,16 @@ def test_penalties_reach_the_sampler(client, server):
     assert out.usage.completion_tokens == 6
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model=MODEL, prompt="min", max_tokens=2, extra_body={"min_tokens": 3})
+
+
+def test_logit_bias_steers_greedy_tokens(client, server):
+    """OpenAI's logit_bias (and the native sampling_params.logit_bias): +100 on a token makes greedy pick it."""
+    out = client.completions.create(model=MODEL, prompt="bias", max_tokens=6, temperature=0, logit_bias={"66": 100},
+                                    extra_body={"ignore_eos": True})
+    assert out.choices[0].text == "B" * 6                          # byte tokenizer: id 66 is "B"
+    native = httpx.post(f"{server.url}/generate", timeout=60, json={"text": "bias", "sampling_params": {
+        "max_new_tokens": 4, "temperature": 0, "ignore_eos": True, "logit_bias": {"67": 100.0}}}).json()
+    assert native["output_ids"] == [67] * 4
+    for bad in ({"x": 1}, {"66": 101}, {"999999": 1}):
+        with pytest.raises(openai.BadRequestError):
+            client.completions.create(model=MODEL, prompt="bias", max_tokens=2, logit_bias=bad)
