@@ -11,7 +11,6 @@ from contextlib import aclosing
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from runtime.server.errors import APIError
 from runtime.server.ipc import Finish, PositionLogprobs, TextOutput
 from runtime.server.logprob_format import native_logprobs
 from runtime.server.openai_api import parse
@@ -60,15 +59,7 @@ class _Accumulated:
 async def generate(http: Request):
     req = await parse(http, GenerateRequest)
     manager: TokenizerManager = http.app.state.manager
-    inputs = req.generate_inputs()
-    states: list[ReqState] = []
-    try:
-        for gi in inputs:
-            states.append(manager.submit(gi, "generate"))
-    except APIError:                          # a refused prompt withdraws the batch
-        for state in states:
-            manager.abort(state.rid)
-        raise
+    states = manager.submit_all(req.generate_inputs(), "generate")
     accs = [_Accumulated(state, req) for state in states]
     if not req.is_batch:
         if req.stream:

@@ -150,19 +150,11 @@ async def _respond(http: Request, req: Union[ChatCompletionRequest, CompletionRe
     check_model(http, req.model)
     inputs = req.generate_inputs()
     manager: TokenizerManager = http.app.state.manager
-    formats: list[Format] = []
-    states: list[ReqState] = []
-    try:
-        for index, gi in enumerate(inputs):
-            fmt = make_format(req, index)
-            states.append(manager.submit(gi, fmt.endpoint))
-            if getattr(fmt, "echo", False):
-                fmt.prompt_text = gi.text if gi.text is not None else manager.processor.tokenizer.decode(gi.input_ids)
-            formats.append(fmt)
-    except APIError:
-        for state in states:
-            manager.abort(state.rid)
-        raise
+    formats: list[Format] = [make_format(req, index) for index in range(len(inputs))]
+    states = manager.submit_all(inputs, formats[0].endpoint)
+    for fmt, gi in zip(formats, inputs):
+        if getattr(fmt, "echo", False):
+            fmt.prompt_text = gi.text if gi.text is not None else manager.processor.tokenizer.decode(gi.input_ids)
     head = {"id": f"{formats[0].id_prefix}-{req.rid or states[0].rid}", "created": int(time.time()),
             "model": req.model}
     if inputs[0].stream:

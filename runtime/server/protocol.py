@@ -109,8 +109,7 @@ class _OpenAISampling(_Strict):
             raise APIError(f"n={self.n}: must be between 1 and {MAX_CHOICES}", param="n")
         if self.stream_options is not None and not self.stream:
             raise APIError("stream_options is only allowed with stream=true", param="stream_options")
-        self._reject_unsupported({
-                                  "tools": [], "functions": [], "best_of": 1, "suffix": "",
+        self._reject_unsupported({"tools": [], "functions": [], "best_of": 1, "suffix": "",
                                   "response_format": ({"type": "text"},)})
 
     def sampling(self, max_tokens: Optional[int]) -> dict:
@@ -222,17 +221,17 @@ class NativeSampling(_Strict):
     n: int = 1                       # parallel samples of each prompt
     no_stop_trim: bool = False       # keep the matched stop string in the text
     spaces_between_special_tokens: bool = True   # accepted; the tokenizers here decode without extra spaces
+    logit_bias: Optional[dict] = None
+    min_new_tokens: Optional[int] = None
+    frequency_penalty: Optional[float] = None
+    presence_penalty: Optional[float] = None
+    repetition_penalty: Optional[float] = None
     # SGLang keys this server cannot honour: accepted when null, a 400 otherwise
     json_schema: Optional[str] = None
     regex: Optional[str] = None
     ebnf: Optional[str] = None
     structural_tag: Optional[str] = None
-    logit_bias: Optional[dict] = None
     custom_params: Optional[dict] = None
-    min_new_tokens: Optional[int] = None
-    frequency_penalty: Optional[float] = None
-    presence_penalty: Optional[float] = None
-    repetition_penalty: Optional[float] = None
 
 
 class GenerateRequest(_Strict):
@@ -251,24 +250,26 @@ class GenerateRequest(_Strict):
     logprob_start_len: Optional[int] = None
     return_text_in_logprobs: bool = False
 
+    def _prompts(self) -> tuple[list[tuple[Optional[str], Optional[list[int]]]], bool]:
+        """Each prompt as (text, input_ids), and whether they came as a batch (a list of them)."""
+        if self.text is not None:
+            batch = isinstance(self.text, list)
+            return [(t, None) for t in (self.text if batch else [self.text])], batch
+        batch = bool(self.input_ids) and isinstance(self.input_ids[0], list)
+        return [(None, ids) for ids in (self.input_ids if batch else [self.input_ids])], batch
+
     @property
     def is_batch(self) -> bool:
-        """Answered with a list: a list of prompts, or n > 1."""
-        prompts = self.text if self.text is not None else self.input_ids
-        many = isinstance(prompts, list) and (self.text is not None or (bool(prompts) and isinstance(prompts[0], list)))
+        """Answered with a list: a batch of prompts, or n > 1."""
         params = self.sampling_params if isinstance(self.sampling_params, list) else [self.sampling_params]
-        return many or any(sp.n != 1 for sp in params)
+        return self._prompts()[1] or any(sp.n != 1 for sp in params)
 
     def generate_inputs(self) -> list["GenerateInput"]:
         """One request per prompt and sample (prompt-major)."""
         if (self.text is None) == (self.input_ids is None):
             raise APIError("give exactly one of text or input_ids", param="text")
         self._reject_unsupported({"token_ids_logprob": None})
-        if self.text is not None:
-            prompts = [(t, None) for t in (self.text if isinstance(self.text, list) else [self.text])]
-        else:
-            batch = bool(self.input_ids) and isinstance(self.input_ids[0], list)
-            prompts = [(None, ids) for ids in (self.input_ids if batch else [self.input_ids])]
+        prompts, _ = self._prompts()
         if not prompts:
             raise APIError("an empty batch of prompts", param="text" if self.text is not None else "input_ids")
         params = self.sampling_params

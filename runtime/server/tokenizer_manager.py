@@ -89,6 +89,18 @@ class TokenizerManager:
         self._push.send_pyobj(tokenized)
         return state
 
+    def submit_all(self, inputs: list[GenerateInput], endpoint: str) -> list[ReqState]:
+        """`submit` each (a request's choices or batch); one refused withdraws those already sent."""
+        states: list[ReqState] = []
+        try:
+            for gi in inputs:
+                states.append(self.submit(gi, endpoint))
+        except APIError:
+            for state in states:
+                self.abort(state.rid)
+            raise
+        return states
+
     def abort(self, rid: str) -> None:
         """Client gone: the scheduler frees its KV; later outputs are dropped."""
         state = self.states.pop(rid, None)
