@@ -71,7 +71,7 @@ class ModelRunner:
         self.dtype = DTYPES[dtype]
         start = time.perf_counter()
         self.model = build_model(hf_config, self.dtype, self.device, load_format, path, seed, parallel)
-        config = self._config = rank_config(ModelConfig.from_hf(hf_config), self.model)
+        config = rank_config(ModelConfig.from_hf(hf_config), self.model)
         self.step_sender: Callable[[StepInputs], None] | None = None   # TP leader: hands each step to its peers
         self.attn_backend = None      # FastMLABackend when the fast path is on
         self.graphs = None            # CudaGraphRunner when decode graphs are captured
@@ -143,15 +143,15 @@ class ModelRunner:
             num_padded = self.piecewise.bucket(fb)
             if num_padded is not None:
                 return self.piecewise.replay(fb, num_padded)
-        return self.model.compute_logits(self._eager_hidden_states(fb, self.pool)[fb.logits_indices])
+        return self.model.compute_logits(self._eager_hidden_states(fb)[fb.logits_indices])
 
-    def _eager_hidden_states(self, fb: ForwardBatch, pool) -> torch.Tensor:
+    def _eager_hidden_states(self, fb: ForwardBatch) -> torch.Tensor:
         """Final hidden states of every new token [T, H] by the eager path (`forward`'s eager branch
         takes the LM head of each sequence's last one)."""
         if self.attn_backend is not None:
             fb.attn_backend = self.attn_backend
             self.attn_backend.plan_step(fb)       # once per step, before any layer
-        return self.model.hidden_states(fb, pool)
+        return self.model.hidden_states(fb, self.pool)
 
     @torch.no_grad()
     def warmup(self, prefill_tokens: list[int]) -> float:
@@ -242,7 +242,7 @@ class ModelRunner:
         fb = self.batches.to_device(inputs.batch)
         prompt = None
         if inputs.prompt_asks is not None:    # rows besides each sequence's last: eagerly, graphs keep none
-            hidden = self._eager_hidden_states(fb, self.pool)                 # [T, H]
+            hidden = self._eager_hidden_states(fb)                            # [T, H]
             logits = self.model.compute_logits(hidden[fb.logits_indices])    # [B, V]
             prompt = self.prompt_logprobs.step(inputs.prompt_asks, hidden, fb.extend_lens_cpu)
         else:

@@ -21,9 +21,13 @@ import torch
 from runtime.core.request import Request, SamplingParams
 
 
+def counts_tokens(params: SamplingParams) -> bool:
+    """A penalty that depends on the tokens seen (frequency, presence, repetition)."""
+    return params.frequency_penalty != 0 or params.presence_penalty != 0 or params.repetition_penalty != 1
+
+
 def has_penalty(params: SamplingParams) -> bool:
-    return (params.frequency_penalty != 0 or params.presence_penalty != 0 or params.repetition_penalty != 1
-            or bool(params.logit_bias))
+    return counts_tokens(params) or bool(params.logit_bias)
 
 
 def blocks_stop_tokens(req: Request, params: SamplingParams) -> bool:
@@ -40,7 +44,7 @@ class PenaltyInputs:
     frequency: np.ndarray       # float32 [P]
     presence: np.ndarray        # float32 [P]
     repetition: np.ndarray      # float32 [P]
-    output_ids: np.ndarray      # int64 [N_out] every penalised row's generated tokens, concatenated
+    output_ids: np.ndarray      # int64 [N_out] generated tokens of the rows that count them, concatenated
     output_row: np.ndarray      # int64 [N_out] its row (0..P-1)
     prompt_ids: np.ndarray      # int64 [N_in] prompt tokens of rows with a repetition penalty
     prompt_row: np.ndarray      # int64 [N_in]
@@ -67,6 +71,8 @@ def penalty_inputs(requests: Sequence[Request], params: Sequence[SamplingParams]
         if blocks_stop_tokens(req, params[i]):
             stop_ids.append(np.asarray(params[i].stop_token_ids, dtype=np.int64))
             stop_row.append(np.full(len(params[i].stop_token_ids), j, dtype=np.int64))
+        if not counts_tokens(params[i]):     # a logit bias or min_new_tokens only: no tokens to count
+            continue
         generated = np.asarray(req.output_ids, dtype=np.int64)
         out_ids.append(generated)
         out_row.append(np.full(len(generated), j, dtype=np.int64))
@@ -90,17 +96,18 @@ def apply_penalties(logits: torch.Tensor, pen: PenaltyInputs,
     put = lambda a: torch.from_numpy(a).to(device, non_blocking=True)   # noqa: E731
     rows = put(pen.rows)
     sub = logits.index_select(0, rows).float()                                       # [P, V]
-    counts = torch.zeros_like(sub)                                                   # [P, V]
-    if pen.output_ids.size:
-        ids = resolve(put(pen.output_ids)).clamp_(0, vocab - 1)                      # [N_out]
-        counts.index_put_((put(pen.output_row), ids), torch.ones_like(ids, dtype=sub.dtype), accumulate=True)
-    sub = sub - put(pen.frequency)[:, None] * counts - put(pen.presence)[:, None] * (counts > 0).to(sub.dtype)
-    if (pen.repetition != 1).any():
-        seen = counts > 0                                                            # [P, V]
-        if pen.prompt_ids.size:
-            seen[put(pen.prompt_row), put(pen.prompt_ids).clamp_(0, vocab - 1)] = True
-        rep = put(pen.repetition)[:, None]                                           # [P, 1]
-        sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
+    if pen.output_ids.size or pen.prompt_ids.size:           # some row counts the tokens it has seen
+        counts = torch.zeros_like(sub)                                               # [P, V]
+        if pen.output_ids.size:
+            ids = resolve(put(pen.output_ids)).clamp_(0, vocab - 1)                  # [N_out]
+            counts.index_put_((put(pen.output_row), ids), torch.ones_like(ids, dtype=sub.dtype), accumulate=True)
+        sub = sub - put(pen.frequency)[:, None] * counts - put(pen.presence)[:, None] * (counts > 0).to(sub.dtype)
+        if (pen.repetition != 1).any():
+            seen = counts > 0                                                        # [P, V]
+            if pen.prompt_ids.size:
+                seen[put(pen.prompt_row), put(pen.prompt_ids).clamp_(0, vocab - 1)] = True
+            rep = put(pen.repetition)[:, None]                                       # [P, 1]
+            sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
     if pen.bias_ids.size:
         sub.index_put_((put(pen.bias_row), put(pen.bias_ids).clamp_(0, vocab - 1)), put(pen.bias), accumulate=True)
     if pen.blocked_ids.size:
