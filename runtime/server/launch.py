@@ -26,10 +26,10 @@ def run_serve(cfg: DictConfig) -> None:
 
     from runtime.server.detokenizer_process import run_detokenizer
     from runtime.server.ipc import Addresses, pull_socket
+    from runtime.server.online_source import check_stream_interval
     from runtime.server.scheduler_process import run_scheduler
 
-    if int(cfg.server.stream_interval) < 1:                      # before any process starts
-        raise ValueError(f"server.stream_interval={cfg.server.stream_interval}: must be >= 1")
+    check_stream_interval(int(cfg.server.stream_interval))       # before any process starts
     container = OmegaConf.to_container(cfg, resolve=True)       # Hydra's run dir resolves only here
     model = instantiate(cfg.model)
     ipc_dir = tempfile.mkdtemp(prefix="twinserve-")

@@ -27,6 +27,13 @@ from runtime.server.tokenizer import Tokenizer
 PARENT_CHECK_S = 1.0
 
 
+def check_stream_interval(value: int) -> int:
+    """`value` if it is a valid server.stream_interval, else ValueError naming it."""
+    if value < 1:
+        raise ValueError(f"server.stream_interval={value}: must be >= 1")
+    return value
+
+
 @dataclass
 class _Tracked:
     """A request between its arrival and its finish, as the front end sees it."""
@@ -55,9 +62,7 @@ class OnlineSource:
                  clock: Callable[[], float] = time.perf_counter, stream_interval: int = 1) -> None:
         """stream_interval (SGLang's --stream-interval): a request's first token goes out at once, then its
         tokens whenever `stream_interval` of them are waiting, and the rest with its finish."""
-        if stream_interval < 1:
-            raise ValueError(f"server.stream_interval={stream_interval}: must be >= 1")
-        self.stream_interval = stream_interval
+        self.stream_interval = check_stream_interval(stream_interval)
         self.pull, self.push, self.scheduler, self.tokenizer = pull, push, scheduler, tokenizer
         self.control = control
         self.parent_pid = parent_pid
