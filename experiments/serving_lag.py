@@ -52,10 +52,10 @@ def lag_table(results: Path) -> pd.DataFrame:
     rows = []
     for summary in sorted(results.glob("serve_rate_*.json"), key=lambda p: float(p.stem.split("_")[-1])):
         rate = summary.stem.split("_")[-1]
-        files = {name: results / f"{prefix}_rate_{rate}_{name.split('_')[-1]}.parquet" for name, prefix in (
-            ("client_requests", "serve"), ("server_requests", "serve"), ("server_steps", "serve"),
-            ("replay_requests", "replay"), ("replay_steps", "replay"))}
-        files["client_requests"] = results / f"serve_rate_{rate}_client_requests.parquet"
+        files = {name: results / f"{stem}.parquet" for name, stem in (   # as serve_bench.sh names them
+            ("client_requests", f"serve_rate_{rate}_client_requests"), ("server_requests", f"serve_rate_{rate}_requests"),
+            ("server_steps", f"serve_rate_{rate}_steps"), ("replay_requests", f"replay_rate_{rate}_requests"),
+            ("replay_steps", f"replay_rate_{rate}_steps"))}
         if not all(files[k].exists() for k in ("client_requests", "server_requests", "server_steps")):
             continue
         sides = ("client", "server") + (("replay",) if files["replay_requests"].exists() else ())   # replay optional
