@@ -37,6 +37,15 @@ WORKLOADS = {       # in the order the GPU job runs them
     "mooncake_conversation_120": ["workload=mooncake_conversation", "workload.num_requests=120",
                                   f"workload.path={TRACES / 'mooncake_conversation_head.jsonl'}"],
 }
+# shared prefixes of other sizes than the default workload's (decode over shared KV, out of the profile's grid)
+SHARED_PREFIX_WORKLOADS = {
+    "shared_prefix_4x32_4k": ["workload.num_groups=4", "workload.prompts_per_group=32", "workload.system_prompt_len=4096",
+                              "workload.question_len=256"],
+    "shared_prefix_32x8_1k_16rps": ["workload.num_groups=32", "workload.prompts_per_group=8",
+                                    "workload.system_prompt_len=1024", "workload.output_len=512",
+                                    "workload.range_ratio=0.5", "workload.request_rate=16"],
+}
+ALL_WORKLOADS = {**WORKLOADS, **SHARED_PREFIX_WORKLOADS}
 COST_MODELS = ("profiled", "roofline", "roofline_fitted")
 QUIET = ["progress=false", "print_summary=false"]
 
@@ -44,13 +53,16 @@ QUIET = ["progress=false", "print_summary=false"]
 def shape_row(step_id: int, shape: StepShape) -> dict:
     return {"step_id": step_id, "extend_new_tokens": list(shape.extend_new_tokens),
             "extend_prefix_tokens": list(shape.extend_prefix_tokens), "num_decode_reqs": shape.num_decode_reqs,
-            "decode_context_tokens": shape.decode_context_tokens}
+            "decode_context_tokens": shape.decode_context_tokens, "decode_shared_tokens": shape.decode_shared_tokens}
 
 
 def read_shapes(run_dir: Path) -> list[StepShape]:
     frame = pd.read_parquet(Path(run_dir) / "step_shapes.parquet")
+    if "decode_shared_tokens" not in frame:       # recorded before shared prefixes were priced
+        frame["decode_shared_tokens"] = 0
     return [StepShape(tuple(int(x) for x in r.extend_new_tokens), tuple(int(x) for x in r.extend_prefix_tokens),
-                      int(r.num_decode_reqs), int(r.decode_context_tokens)) for r in frame.itertuples(index=False)]
+                      int(r.num_decode_reqs), int(r.decode_context_tokens), int(r.decode_shared_tokens))
+            for r in frame.itertuples(index=False)]
 
 
 def run_real_workload(runner, overrides: list[str], out: Path) -> dict:
@@ -86,7 +98,7 @@ def run_real(out: Path, names: list[str], base: list[str]) -> None:
     runner = build_model_runner(cfg, build_core(cfg))
     print(f"runner: load {runner.load_time_s:.1f} s, warm-up {runner.warmup_s:.1f} s", flush=True)
     for name in names:
-        s = run_real_workload(runner, base + WORKLOADS[name], out / name)
+        s = run_real_workload(runner, base + ALL_WORKLOADS[name], out / name)
         print(f"{name}: {s['num_finished']} req, {s['duration_s']:.1f} s, TTFT p50 {s['ttft_s']['p50']:.3f} s, "
               f"TPOT mean {s['tpot_s']['mean']:.4f} s, step error {s['step_prediction_error']}", flush=True)
 
@@ -96,7 +108,7 @@ def run_sims(out: Path, names: list[str], base: list[str]) -> None:
 
     for name in names:
         for cost in COST_MODELS:
-            cfg = compose_config(["mode=sim", f"costmodel={cost}"] + base + WORKLOADS[name] + QUIET)
+            cfg = compose_config(["mode=sim", f"costmodel={cost}"] + base + ALL_WORKLOADS[name] + QUIET)
             run_sim(cfg, out_dir=out / cost / name)
 
 
@@ -105,7 +117,8 @@ def main() -> None:
     parser.add_argument("--real", action="store_true")
     parser.add_argument("--sim", action="store_true")
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--only", nargs="*", default=list(WORKLOADS))
+    parser.add_argument("--only", nargs="*", default=list(WORKLOADS), choices=list(ALL_WORKLOADS),
+                        help="workloads to run (default: the fidelity table's)")
     parser.add_argument("--base", nargs="*", default=[], help="overrides for every run (e.g. a tiny CPU model)")
     args = parser.parse_args()
     if args.real:

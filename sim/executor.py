@@ -12,6 +12,7 @@ import numpy as np
 
 from runtime.core.batch import StepPlan, StepResult
 from runtime.core.request import Request, RequestSpec
+from runtime.core.shared_prefix import shared_prefix_tokens
 from runtime.executor import FinishedStep
 from sim.costmodel.base import CostModel, StepShape
 
@@ -129,7 +130,8 @@ class SimExecutor:
         num_reqs = len(plan.items)
         context0 = sum(it.context_tokens for it in plan.items) if context_tokens is None else context_tokens
         context = context0 + num_reqs * np.arange(first_step, num_steps, dtype=np.int64)   # [k]
-        return self.cost_model.decode_times_s(num_reqs, context)
+        shared = shared_prefix_tokens(it.request for it in plan.items)      # the batch's: constant over the run
+        return self.cost_model.decode_times_s(num_reqs, context, shared)
 
     def decode_tokens(self, plan: StepPlan, num_steps: int) -> list[list[int]]:
         out = []

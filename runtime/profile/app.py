@@ -18,18 +18,19 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from runtime.build import build_core
-from runtime.profile.grid import GRIDS, Grid, Limits, decode_points, prefill_points
-from runtime.profile.plans import SyntheticBatch, step_plan
+from runtime.profile.grid import GRIDS, Grid, Limits, decode_points, prefill_points, shared_decode_points
+from runtime.profile.plans import SharedPrefixBatch, SyntheticBatch, step_plan
 from runtime.profile.tables import ProfileTable, write_meta
 from sim.costmodel.profile_tables import profile_dir
 
-SECTIONS = ("decode", "prefill", "host", "mixed", "ops")   # measured in this order
+SECTIONS = ("decode", "prefill", "host", "mixed", "ops", "decode_shared")   # measured in this order
 KEYS = {
     "decode": ("path", "batch_size", "context_tokens"),
     "prefill": ("num_seqs", "new_tokens", "prefix_tokens"),
     "mixed": ("new_tokens", "num_decode", "context_tokens"),
     "host": ("kind", "num_reqs", "new_tokens"),
     "ops": ("op", "num_tokens"),
+    "decode_shared": ("order", "batch_size", "group_size", "shared_tokens", "private_tokens"),
 }
 Point = tuple[str, dict, Callable[[], list[dict] | dict]]   # (table, key values, measure)
 
@@ -103,6 +104,12 @@ def _points(section: str, cfg: DictConfig, core, runner, grid: Grid, limits: Lim
             if reqs * each <= limits.max_new_tokens and each < limits.max_context_tokens:
                 yield "host", dict(kind="prefill", num_reqs=reqs, new_tokens=reqs * each), \
                     lambda r=reqs, e=each: host_prefill_row(cfg, core, runner, r, e, grid.host_steps)
+    elif section == "decode_shared":
+        for batch, group, shared, private in shared_decode_points(grid, limits):
+            for order in ("grouped", "interleaved") if 1 < group < batch else ("grouped",):
+                key = dict(order=order, batch_size=batch, group_size=group, shared_tokens=shared,
+                           private_tokens=private)
+                yield "decode_shared", key, _shared_decode(runner, key, graph_max_bs, grid.repeats, vocab)
     elif section == "ops":
         from runtime.profile.ops import op_rows
         for tokens in grid.op_tokens:
@@ -132,6 +139,26 @@ def _decode(runner, path: str, batch: int, context: int, repeats: int, vocab: in
         synthetic.release()
         return {"path": path, "batch_size": batch, "context_tokens": context,
                 "total_context_tokens": batch * context, **_timing_columns(timing)}
+    return measure
+
+
+def _shared_decode(runner, key: dict, graph_max_bs: int, repeats: int, vocab: int):
+    """A decode step whose requests share prefixes (graph replay where the runtime has a graph for the
+    batch, else eager, as serving runs it)."""
+    def measure() -> dict:
+        from contextlib import nullcontext
+        from runtime.profile.timing import eager_decode, time_plan
+        batch, group = key["batch_size"], key["group_size"]
+        synthetic = SharedPrefixBatch(f"s{key['order']}{batch}g{group}x{key['shared_tokens']}+{key['private_tokens']}",
+                                      batch, group, key["shared_tokens"], key["private_tokens"], 0, vocab,
+                                      interleaved=key["order"] == "interleaved")
+        path = "graph" if batch <= graph_max_bs else "eager"
+        with eager_decode(runner) if path == "eager" else nullcontext():
+            timing = time_plan(runner, step_plan(synthetic.decode_items()), repeats)
+        synthetic.release()
+        return {**key, "path": path, "context_tokens": synthetic.context_tokens,
+                "total_context_tokens": batch * synthetic.context_tokens, "unique_tokens": synthetic.unique_tokens,
+                **_timing_columns(timing)}
     return measure
 
 

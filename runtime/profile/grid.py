@@ -28,6 +28,11 @@ class Grid:
     op_tokens: tuple[int, ...]                # MoE layer, LM head + sampler
     repeats: int                              # timed launches per point (after one untimed)
     host_steps: int                           # timed scheduler steps per host point
+    # decode over shared prefixes: `group` requests read one prefix's KV slots, then private ones
+    shared_batches: tuple[int, ...] = ()
+    shared_groups: tuple[int, ...] = ()       # requests per shared prefix (1: nothing shared)
+    shared_prefixes: tuple[int, ...] = ()     # shared tokens per group
+    shared_private: tuple[int, ...] = ()      # private tokens per request after the shared ones
 
 
 GRIDS = {
@@ -35,7 +40,8 @@ GRIDS = {
                   prefill_tokens=(16, 64), prefill_prefixes=(0, 32), multi_seqs=(2,), multi_tokens=(32,),
                   multi_prefixes=(0,), mixed_tokens=(16,), mixed_batches=(2,), mixed_context=32,
                   host_decode_batches=(1, 4), host_prefill=((1, 16), (2, 16)), op_tokens=(1, 16),
-                  repeats=2, host_steps=2),
+                  repeats=2, host_steps=2, shared_batches=(4,), shared_groups=(1, 2, 4), shared_prefixes=(32,),
+                  shared_private=(8,)),
     "quick": Grid(decode_batches=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
                   decode_contexts=(128, 1024, 4096, 16384, 65536),
                   eager_batches=(1, 8, 64, 256, 1024), eager_contexts=(128, 1024, 4096),
@@ -45,7 +51,9 @@ GRIDS = {
                   mixed_tokens=(512, 4096), mixed_batches=(8, 64, 256), mixed_context=1024,
                   host_decode_batches=(1, 4, 16, 64, 256, 1024),
                   host_prefill=((1, 128), (1, 1024), (1, 8192), (8, 128), (8, 1024), (64, 128)),
-                  op_tokens=(1, 8, 64, 256, 1024, 4096, 8192), repeats=5, host_steps=8),
+                  op_tokens=(1, 8, 64, 256, 1024, 4096, 8192), repeats=5, host_steps=8,
+                  shared_batches=(16, 64, 128, 256), shared_groups=(1, 4, 16, 64), shared_prefixes=(512, 2048, 8192),
+                  shared_private=(128, 1024)),
     "full": Grid(decode_batches=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024),
                  decode_contexts=(64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072),
                  eager_batches=(1, 4, 16, 64, 128, 256, 512, 1024), eager_contexts=(128, 1024, 4096, 16384),
@@ -57,7 +65,9 @@ GRIDS = {
                  mixed_context=2048, host_decode_batches=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
                  host_prefill=tuple((k, n) for k in (1, 4, 16, 64) for n in (64, 256, 1024, 4096) if k * n <= 16384),
                  op_tokens=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384),
-                 repeats=10, host_steps=16),
+                 repeats=10, host_steps=16,
+                 shared_batches=(8, 16, 32, 64, 128, 256, 512), shared_groups=(1, 2, 4, 8, 16, 32, 64, 128),
+                 shared_prefixes=(256, 1024, 2048, 4096, 8192, 16384), shared_private=(64, 256, 1024, 4096)),
 }
 
 
@@ -93,4 +103,18 @@ def prefill_points(tokens: tuple[int, ...], prefixes: tuple[int, ...], seqs: int
             per_seq = total // seqs + prefix
             if per_seq < limits.max_context_tokens and seqs * per_seq <= limits.kv_slots:
                 points.append((seqs, total, prefix))
+    return points
+
+
+def shared_decode_points(grid: Grid, limits: Limits) -> list[tuple[int, int, int, int]]:
+    """(batch, group size, shared tokens, private tokens) that fit: the batch splits into whole groups,
+    each group's prefix and every request's private tokens on their own KV slots."""
+    points = []
+    for batch in (b for b in grid.shared_batches if b <= limits.max_batch):
+        for group in (g for g in grid.shared_groups if g <= batch and batch % g == 0):
+            for shared in grid.shared_prefixes:
+                for private in grid.shared_private:
+                    slots = batch // group * shared + batch * private
+                    if slots <= limits.kv_slots and shared + private < limits.max_context_tokens:
+                        points.append((batch, group, shared, private))
     return points

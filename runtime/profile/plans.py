@@ -75,6 +75,43 @@ class SyntheticBatch:
             r.status = RequestStatus.FINISHED
 
 
+class SharedPrefixBatch:
+    """`num_reqs` decoding requests in groups of `group_size` that read one shared prefix each (the
+    group's first `shared_tokens` KV slots, as radix-cache hits give them) and then `private_tokens`
+    slots of their own. `interleaved` orders the batch round-robin over groups instead of group after
+    group. Slots: the groups' prefixes from `first_slot` on, then every request's private range."""
+
+    def __init__(self, tag: str, num_reqs: int, group_size: int, shared_tokens: int, private_tokens: int,
+                 first_slot: int, vocab_size: int, interleaved: bool = False) -> None:
+        if group_size < 1 or num_reqs % group_size or private_tokens < 1:
+            raise ValueError(f"{num_reqs} requests do not split into groups of {group_size} "
+                             f"(or no private token: {private_tokens})")
+        num_groups = num_reqs // group_size
+        private_base = first_slot + num_groups * shared_tokens
+        order = ([(b % num_groups) * group_size + b // num_groups for b in range(num_reqs)] if interleaved
+                 else list(range(num_reqs)))
+        self.requests = []
+        for b in order:
+            group = b // group_size
+            req = synthetic_request(f"{tag}-{b}", zlib.crc32(f"{tag}-{b}".encode()) % 100003,
+                                    shared_tokens + private_tokens, 0, vocab_size)
+            shared = range(first_slot + group * shared_tokens, first_slot + (group + 1) * shared_tokens)
+            private = range(private_base + b * private_tokens, private_base + (b + 1) * private_tokens)
+            req.kv_slots = list(shared) + list(private)
+            self.requests.append(req)
+        self.context_tokens = shared_tokens + private_tokens
+        self.unique_tokens = num_groups * shared_tokens + num_reqs * private_tokens
+
+    def decode_items(self) -> list[ScheduledItem]:
+        """One decode token per request at its last position (attending all its shared + private tokens)."""
+        pos = self.context_tokens - 1
+        return [ScheduledItem(r, pos, 1, [r.kv_slots[pos]], is_decode=True, samples=True) for r in self.requests]
+
+    def release(self) -> None:
+        for r in self.requests:
+            r.status = RequestStatus.FINISHED
+
+
 def step_plan(items: list[ScheduledItem]) -> StepPlan:
     decodes = sum(it.is_decode for it in items)
     mode = ForwardMode.DECODE if decodes == len(items) else ForwardMode.MIXED if decodes else ForwardMode.EXTEND

@@ -11,6 +11,7 @@ from typing import Protocol
 import numpy as np
 
 from runtime.core.batch import ForwardMode, StepPlan
+from runtime.core.shared_prefix import shared_prefix_tokens
 
 
 @dataclass(frozen=True)
@@ -20,13 +21,17 @@ class StepShape:
     extend_new_tokens[i]    new tokens of prefill item i this step;
     extend_prefix_tokens[i] tokens of item i already in KV (cached prefix or earlier chunks);
     num_decode_reqs         decode items, one new token each;
-    decode_context_tokens   sum over decode items of the KV length attended (prefix + 1).
+    decode_context_tokens   sum over decode items of the KV length attended (prefix + 1);
+    decode_shared_tokens    of those, tokens another decode item of the step reads too (radix-cache
+                            prefixes held by several requests), counted once per extra reader: the
+                            step reads decode_context_tokens - decode_shared_tokens distinct KV tokens.
     """
 
     extend_new_tokens: tuple[int, ...] = ()
     extend_prefix_tokens: tuple[int, ...] = ()
     num_decode_reqs: int = 0
     decode_context_tokens: int = 0
+    decode_shared_tokens: int = 0
 
     def __post_init__(self) -> None:
         if len(self.extend_new_tokens) != len(self.extend_prefix_tokens):
@@ -34,12 +39,16 @@ class StepShape:
         if self.num_decode_reqs < 0 or self.decode_context_tokens < self.num_decode_reqs:
             raise ValueError(f"decode context {self.decode_context_tokens} tokens is less than "
                              f"one token for each of {self.num_decode_reqs} decode requests")
+        if not 0 <= self.decode_shared_tokens <= self.decode_context_tokens - self.num_decode_reqs:
+            raise ValueError(f"decode shared tokens {self.decode_shared_tokens} outside [0, "
+                             f"{self.decode_context_tokens - self.num_decode_reqs}] (context less one token each)")
 
     @classmethod
     def from_plan(cls, plan: StepPlan) -> "StepShape":
         if plan.mode is ForwardMode.DECODE:           # one pass: every item decodes one token
             n = len(plan.items)
-            return cls(num_decode_reqs=n, decode_context_tokens=sum(it.num_prefix_tokens for it in plan.items) + n)
+            return cls(num_decode_reqs=n, decode_context_tokens=sum(it.num_prefix_tokens for it in plan.items) + n,
+                       decode_shared_tokens=shared_prefix_tokens(it.request for it in plan.items))
         extends = [it for it in plan.items if not it.is_decode]
         decodes = [it for it in plan.items if it.is_decode]
         return cls(
@@ -47,6 +56,7 @@ class StepShape:
             extend_prefix_tokens=tuple(it.num_prefix_tokens for it in extends),
             num_decode_reqs=len(decodes),
             decode_context_tokens=sum(it.context_tokens for it in decodes),
+            decode_shared_tokens=shared_prefix_tokens(it.request for it in decodes),
         )
 
     @property
@@ -76,11 +86,12 @@ class CostModel(Protocol):
         processing): with overlap scheduling it runs while the GPU executes the previous step."""
         ...
 
-    def decode_times_s(self, num_reqs: int, context_tokens: np.ndarray) -> np.ndarray:
+    def decode_times_s(self, num_reqs: int, context_tokens: np.ndarray, shared_tokens: int = 0) -> np.ndarray:
         """Durations of consecutive decode-only steps of one batch of `num_reqs` requests,
-        where context_tokens[j] is the step-j sum of KV lengths. Element j must equal
-        step_time_s(StepShape(num_decode_reqs=num_reqs,
-                              decode_context_tokens=context_tokens[j]))."""
+        where context_tokens[j] is the step-j sum of KV lengths, `shared_tokens` of them read by
+        several requests (the batch's shared prefixes; constant while the batch is). Element j must equal
+        step_time_s(StepShape(num_decode_reqs=num_reqs, decode_context_tokens=context_tokens[j],
+                              decode_shared_tokens=shared_tokens))."""
         ...
 
     def breakdown_s(self, shape: StepShape) -> dict[str, float]:

@@ -26,7 +26,8 @@ def merge_shapes(shapes: Sequence[StepShape]) -> StepShape:
         extend_new_tokens=tuple(n for s in shapes for n in s.extend_new_tokens),
         extend_prefix_tokens=tuple(p for s in shapes for p in s.extend_prefix_tokens),
         num_decode_reqs=sum(s.num_decode_reqs for s in shapes),
-        decode_context_tokens=sum(s.decode_context_tokens for s in shapes))
+        decode_context_tokens=sum(s.decode_context_tokens for s in shapes),
+        decode_shared_tokens=sum(s.decode_shared_tokens for s in shapes))   # no rank reads another's KV
 
 
 class DPAttentionCostModel:

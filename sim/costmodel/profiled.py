@@ -64,6 +64,7 @@ class ProfiledCostModel:
         self.expand_s_per_token = self._expand_rate()
         self._multi = self._multi_factors(prefill[prefill["num_seqs"] > 1])
         self.host = HostTable(pd.read_csv(directory / "host.csv")) if (directory / "host.csv").exists() else None
+        self.shared_read_fraction = 1.0
         self.fallbacks = {"decode": 0, "prefill": 0}
         self.num_priced = 0
         self._prefill_cache: dict = {}
@@ -82,9 +83,9 @@ class ProfiledCostModel:
             cached = self._host_cache[key] = self.host.host_s(*key)
         return cached
 
-    def decode_times_s(self, num_reqs: int, context_tokens: np.ndarray) -> np.ndarray:
+    def decode_times_s(self, num_reqs: int, context_tokens: np.ndarray, shared_tokens: int = 0) -> np.ndarray:
         host = self.host_time_s(StepShape(num_decode_reqs=num_reqs, decode_context_tokens=num_reqs))
-        return self._decode_s(num_reqs, np.asarray(context_tokens, dtype=np.float64)) + host
+        return self._decode_s(num_reqs, np.asarray(context_tokens, dtype=np.float64), shared_tokens) + host
 
     def breakdown_s(self, shape: StepShape) -> dict[str, float]:
         return {"device": self.device_time_s(shape), "host": self.host_time_s(shape)}
@@ -98,7 +99,8 @@ class ProfiledCostModel:
     # -- device time --------------------------------------------------------------------
     def device_time_s(self, shape: StepShape) -> float:
         if shape.is_decode_only:
-            return float(self._decode_s(shape.num_decode_reqs, np.array([float(shape.decode_context_tokens)]))[0])
+            return float(self._decode_s(shape.num_decode_reqs, np.array([float(shape.decode_context_tokens)]),
+                                        shape.decode_shared_tokens)[0])
         if not shape.extend_new_tokens and not shape.num_decode_reqs:
             return 0.0
         key = (shape.extend_new_tokens, shape.extend_prefix_tokens, shape.num_decode_reqs, shape.decode_context_tokens)
@@ -110,8 +112,10 @@ class ProfiledCostModel:
             self.fallbacks["prefill"] += 1
         return cached[0]
 
-    def _decode_s(self, num_reqs: int, context: np.ndarray) -> np.ndarray:
+    def _decode_s(self, num_reqs: int, context: np.ndarray, shared: int = 0) -> np.ndarray:
         self.num_priced += len(context)
+        if shared:           # priced as the context of private KV that costs the same
+            context = context - (1.0 - self.shared_read_fraction) * shared
         table, batch = self.eager, num_reqs
         if 0 < num_reqs <= self.graph_max_bs:
             table = self.graph

@@ -80,8 +80,14 @@ class RooflineCostModel:
                  moe_mfu: float | None = None, moe_mbu: float | None = None, fp8_mfu_scale: float = 1.0,
                  kernel_launch_s: float | None = None, eager_launch_per_seq_s: float = 0.0,
                  cpu_overhead_per_extend_s: float = 0.0, cpu_overhead_per_token_s: float = 0.0,
-                 piecewise_max_tokens: int | None = None, piecewise_layer_host_s: float | None = None) -> None:
+                 piecewise_max_tokens: int | None = None, piecewise_layer_host_s: float | None = None,
+                 shared_kv_read_fraction: float = 1.0) -> None:
         layout.validate(model)
+        if not 0 <= shared_kv_read_fraction <= 1:
+            raise ValueError(f"shared_kv_read_fraction must be in [0, 1], got {shared_kv_read_fraction}")
+        # of the KV tokens a decode step reads again (prefixes several requests share), the share that
+        # costs memory bandwidth (1: each read as if private; 0: served from the L2 cache entirely)
+        self.shared_kv_read_fraction = shared_kv_read_fraction
         for key, value, most in (("mfu", mfu, 1), ("mbu", mbu, MAX_MBU), ("attention_mfu", attention_mfu, 1),
                                  ("attention_mbu", attention_mbu, MAX_MBU), ("moe_efficiency", moe_efficiency, 1),
                                  ("comm_efficiency", comm_efficiency, 1), ("fp8_mfu_scale", fp8_mfu_scale, 1),
@@ -131,21 +137,21 @@ class RooflineCostModel:
     def step_time_s(self, shape: StepShape) -> float:
         ctx = np.array([shape.decode_context_tokens], dtype=np.float64)
         return float(self._total_s(shape.extend_new_tokens, shape.extend_prefix_tokens,
-                                   shape.num_decode_reqs, ctx)[0])
+                                   shape.num_decode_reqs, ctx, shape.decode_shared_tokens)[0])
 
     def host_time_s(self, shape: StepShape) -> float:
         return self._fixed(shape.extend_new_tokens, shape.extend_prefix_tokens, shape.num_decode_reqs).cpu_s
 
-    def decode_times_s(self, num_reqs: int, context_tokens: np.ndarray) -> np.ndarray:
+    def decode_times_s(self, num_reqs: int, context_tokens: np.ndarray, shared_tokens: int = 0) -> np.ndarray:
         ctx = np.asarray(context_tokens, dtype=np.float64)
-        return self._total_s((), (), int(num_reqs), ctx)
+        return self._total_s((), (), int(num_reqs), ctx, shared_tokens)
 
     def breakdown_s(self, shape: StepShape) -> dict[str, float]:
         fixed = self._fixed(shape.extend_new_tokens, shape.extend_prefix_tokens,
                             shape.num_decode_reqs)
         ctx = np.array([shape.decode_context_tokens], dtype=np.float64)
         out = dict(fixed.gpu_s)
-        out["attn_decode"] = float(self._decode_attention_s(shape.num_decode_reqs, ctx)[0])
+        out["attn_decode"] = float(self._decode_attention_s(shape.num_decode_reqs, ctx, shape.decode_shared_tokens)[0])
         gpu = np.array([sum(out[op] for op in GPU_OPS)])
         out["launch"] = float(self._launch_s(fixed, gpu)[0])
         out["cpu_overhead"] = fixed.cpu_s
@@ -166,16 +172,18 @@ class RooflineCostModel:
         return terms
 
     def _total_s(self, extend_new: tuple[int, ...], extend_prefix: tuple[int, ...],
-                 num_decode: int, ctx: np.ndarray) -> np.ndarray:
+                 num_decode: int, ctx: np.ndarray, shared: int = 0) -> np.ndarray:
         fixed = self._fixed(extend_new, extend_prefix, num_decode)
-        gpu = fixed.gpu_sum_s + self._decode_attention_s(num_decode, ctx)
+        gpu = fixed.gpu_sum_s + self._decode_attention_s(num_decode, ctx, shared)
         return gpu + self._launch_s(fixed, gpu) + fixed.cpu_s
 
-    def _decode_attention_s(self, num_decode: int, ctx: np.ndarray) -> np.ndarray:
-        """Absorbed-MLA or GQA decode attention over all layers; linear in summed context."""
+    def _decode_attention_s(self, num_decode: int, ctx: np.ndarray, shared: int = 0) -> np.ndarray:
+        """Absorbed-MLA or GQA decode attention over all layers; linear in summed context, the KV
+        tokens read again (`shared` of ctx) at `shared_kv_read_fraction` of their bytes."""
         c = self.coef
         flops = ctx * c.decode_flops_per_ctx
-        bytes_ = ctx * c.kv_bytes_per_token_layer + num_decode * c.decode_act_bytes_per_req
+        read = ctx - (1.0 - self.shared_kv_read_fraction) * shared
+        bytes_ = read * c.kv_bytes_per_token_layer + num_decode * c.decode_act_bytes_per_req
         per_layer = np.maximum(flops / c.attn_flops_per_s, bytes_ / c.attn_bytes_per_s)
         return per_layer * c.num_layers
 
