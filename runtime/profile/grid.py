@@ -52,7 +52,7 @@ GRIDS = {
                   host_decode_batches=(1, 4, 16, 64, 256, 1024),
                   host_prefill=((1, 128), (1, 1024), (1, 8192), (8, 128), (8, 1024), (64, 128)),
                   op_tokens=(1, 8, 64, 256, 1024, 4096, 8192), repeats=5, host_steps=8,
-                  shared_batches=(16, 64, 128, 256), shared_groups=(1, 4, 16, 64), shared_prefixes=(512, 2048, 8192),
+                  shared_batches=(16, 64, 128, 256), shared_groups=(1, 4, 16, 64), shared_prefixes=(512, 2048, 4096, 8192),
                   shared_private=(128, 1024)),
     "full": Grid(decode_batches=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024),
                  decode_contexts=(64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072),
