@@ -2,7 +2,9 @@
 falling back to the roofline, scaled to the nearest measured point, outside the grid. Torch-free.
 
 - decode-only steps: the graph table at the padded capture size when the runtime replays a graph
-  (batch <= cuda_graph_max_bs; None = every batch), else the eager table; batch x context per request.
+  (batch <= cuda_graph_max_bs; None = every batch), else the eager table; batch x context per request,
+  KV tokens read again by several requests (shared prefixes) counted at the fraction fitted from the
+  profile's decode_shared table (sim.costmodel.shared_reads).
 - steps with prefill: one sequence's new tokens x cached prefix, among the columns of the MLA form the
   runtime picks for the step (runtime.core.mla_form). Several sequences are priced at the prefix that
   gives one sequence the same attention pairs, times a correction measured on multi-sequence steps.
@@ -25,6 +27,7 @@ from runtime.core.mla_form import mla_attends_as_mha
 from runtime.core.model_spec import ModelSpec
 from sim.costmodel.base import CostModel, StepShape
 from sim.costmodel.profile_host import HostTable
+from sim.costmodel.shared_reads import fit_shared_read_fraction
 from sim.costmodel.profile_tables import (
     Curve, DecodeTable, PrefillColumns, capture_batch_sizes, has_profile, lerp_rows, profile_dir,
 )
@@ -64,7 +67,12 @@ class ProfiledCostModel:
         self.expand_s_per_token = self._expand_rate()
         self._multi = self._multi_factors(prefill[prefill["num_seqs"] > 1])
         self.host = HostTable(pd.read_csv(directory / "host.csv")) if (directory / "host.csv").exists() else None
-        self.shared_read_fraction = 1.0
+        shared = directory / "decode_shared.csv"
+        self.shared_fit = (fit_shared_read_fraction(pd.read_csv(shared), {"graph": self.graph, "eager": self.eager})
+                           if shared.exists() else None)
+        # of the KV tokens a decode step reads again (shared prefixes), the share priced as private reads;
+        # without a decode_shared table, all of them (no reuse in the GPU's caches assumed)
+        self.shared_read_fraction = self.shared_fit.fraction if self.shared_fit is not None else 1.0
         self.fallbacks = {"decode": 0, "prefill": 0}
         self.num_priced = 0
         self._prefill_cache: dict = {}
@@ -93,6 +101,7 @@ class ProfiledCostModel:
     def summary(self) -> dict:
         """For the run summary: where the profile came from and how often the grid was left."""
         return {"name": "profiled", "profile": str(self.directory), "num_priced_steps": self.num_priced,
+                "shared_read_fraction": self.shared_read_fraction,
                 "fallback_steps": dict(self.fallbacks),
                 "fallback_share": sum(self.fallbacks.values()) / self.num_priced if self.num_priced else 0.0}
 

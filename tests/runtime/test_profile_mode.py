@@ -61,3 +61,22 @@ def test_decode_points_fill_the_pool_and_stop_at_its_edge():
     assert (1, 4095) in points and (1, 8192) not in points        # the context limit
     assert (8, 1024) in points and (8, 1250) in points            # the pool: 10,000 slots / 8 requests
     assert all(b <= 64 for b, _ in points) and all(b * c <= 10_000 for b, c in points)
+
+
+def test_shared_prefix_batches_read_their_groups_slots():
+    from runtime.profile.plans import SharedPrefixBatch
+    for interleaved in (False, True):
+        batch = SharedPrefixBatch("t", 8, 4, 32, 8, 100, 1000, interleaved=interleaved)
+        slots = [list(r.kv_slots) for r in batch.requests]
+        groups = {tuple(s[:32]) for s in slots}
+        assert len(groups) == 2 and all(len(s) == 40 for s in slots)
+        privates = [x for s in slots for x in s[32:]]
+        assert len(set(privates)) == len(privates) and not set(privates) & {x for g in groups for x in g}
+        assert batch.unique_tokens == len({x for s in slots for x in s}) == 2 * 32 + 8 * 8
+        assert min(x for s in slots for x in s) == 100
+        firsts = [tuple(s[:32]) for s in slots]
+        assert (firsts[0] == firsts[1]) != interleaved          # grouped: neighbours share; interleaved: not
+        items = batch.decode_items()
+        assert all(it.num_prefix_tokens == 39 and it.new_slots == [it.request.kv_slots[39]] for it in items)
+    with pytest.raises(ValueError, match="groups of 3"):
+        SharedPrefixBatch("t", 8, 3, 32, 8, 0, 1000)

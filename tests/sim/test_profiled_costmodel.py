@@ -131,3 +131,48 @@ def test_capture_grid_matches_the_runtime():
     torch_runner = pytest.importorskip("runtime.engine.cuda_graph_runner")
     for max_bs in (1, 7, 160, 1024):
         assert capture_batch_sizes(max_bs) == torch_runner.capture_batch_sizes(max_bs)
+
+
+def shared_rows(model: ProfiledCostModel, fraction: float) -> pd.DataFrame:
+    """decode_shared rows whose times follow `fraction` exactly on the small profile's graph table."""
+    rows = []
+    for batch, group, shared, private in [(4, 2, 128, 16), (4, 4, 192, 32), (16, 4, 128, 64), (16, 16, 200, 40),
+                                          (16, 1, 128, 64)]:
+        total, unique = batch * (shared + private), batch // group * shared + batch * private
+        p1, p0 = model.graph.lookup(batch, np.array([total, unique], dtype=float))[0]
+        rows.append({"order": "grouped", "batch_size": batch, "group_size": group, "shared_tokens": shared,
+                     "private_tokens": private, "path": "graph", "total_context_tokens": total,
+                     "unique_tokens": unique, "device_s": p0 + (fraction if group > 1 else 1.0) * (p1 - p0)})
+    return pd.DataFrame(rows)
+
+
+def test_shared_prefix_reads_are_priced_at_the_fraction_the_profile_shows(tmp_path):
+    import shutil
+    shutil.copytree(SMALL, tmp_path / "profile")
+    assert small_model().shared_read_fraction == 1.0             # no decode_shared table: every read private
+    shared_rows(small_model(), 0.35).to_csv(tmp_path / "profile" / "decode_shared.csv", index=False)
+    core = build_core(compose_config(TINY))
+    model = ProfiledCostModel(core.model, core.hardware, core.layout, fallback=RooflineCostModel,
+                              profile=str(tmp_path / "profile"))
+    assert model.shared_read_fraction == pytest.approx(0.35, abs=1e-9)
+    assert model.shared_fit.num_rows == 4 and model.shared_fit.median_abs_error < 1e-9
+    assert model.summary()["shared_read_fraction"] == pytest.approx(0.35)
+    private = StepShape(num_decode_reqs=16, decode_context_tokens=16 * 200)
+    shared = StepShape(num_decode_reqs=16, decode_context_tokens=16 * 200, decode_shared_tokens=15 * 160)
+    as_private = StepShape(num_decode_reqs=16, decode_context_tokens=int(16 * 200 - 0.65 * 15 * 160))
+    assert model.device_time_s(shared) == pytest.approx(model.device_time_s(as_private), rel=1e-9)
+    assert model.device_time_s(shared) < model.device_time_s(private)
+    contexts = np.array([16 * 200, 16 * 201, 16 * 202])
+    run = model.decode_times_s(16, contexts, 15 * 160)             # a decode run prices what single steps do
+    single = [model.step_time_s(StepShape(num_decode_reqs=16, decode_context_tokens=int(c),
+                                          decode_shared_tokens=15 * 160)) for c in contexts]
+    np.testing.assert_allclose(run, single, rtol=1e-12)
+
+
+def test_shared_read_fraction_is_clipped_to_what_reads_can_cost():
+    from sim.costmodel.shared_reads import fit_shared_read_fraction
+    model = small_model()
+    tables = {"graph": model.graph, "eager": model.eager}
+    assert fit_shared_read_fraction(shared_rows(model, 1.6), tables).fraction == 1.0
+    assert fit_shared_read_fraction(shared_rows(model, -0.5), tables).fraction == 0.0
+    assert fit_shared_read_fraction(shared_rows(model, 0.5).iloc[-1:], tables) is None   # controls only
