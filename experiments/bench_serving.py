@@ -199,9 +199,10 @@ class _Start:
 
 
 def run_load(url: str, backend: str, specs: list[RequestSpec], max_concurrency: int | None, model: str, tokenizer,
-             progress: bool, processes: int = 1) -> tuple[list[Outcome], float]:
+             progress: bool, processes: int = 1) -> tuple[list[Outcome], float, float]:
     """Send every spec at its arrival_s (seconds after the start); `processes` > 1 deals the requests
-    round-robin to that many client processes (each with max_concurrency / processes at once)."""
+    round-robin to that many client processes (each with max_concurrency / processes at once). Returns the
+    outcomes, the sending time and the start (a perf_counter reading: the outcomes' times count from it)."""
     jobs = []
     for spec in specs:                                     # bodies are encoded before the clock starts
         path, body = request_body(backend, spec, model, tokenizer)
@@ -209,7 +210,7 @@ def run_load(url: str, backend: str, specs: list[RequestSpec], max_concurrency: 
     if processes <= 1:
         origin = time.perf_counter()
         outcomes = run_event_loop(send_all(url, backend, jobs, max_concurrency, origin, progress))
-        return outcomes, time.perf_counter() - origin
+        return outcomes, time.perf_counter() - origin, origin
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -229,7 +230,7 @@ def run_load(url: str, backend: str, specs: list[RequestSpec], max_concurrency: 
     outcomes = [o for _ in workers for o in results.get()]
     for worker, _ in workers:
         worker.join()
-    return outcomes, time.perf_counter() - origin
+    return outcomes, time.perf_counter() - origin, origin
 
 
 # -- records -------------------------------------------------------------------------------------
@@ -356,7 +357,7 @@ def main(argv: list[str] | None = None) -> dict:
         if args.flush_cache:
             httpx.post(f"{url}/flush_cache", timeout=60).raise_for_status()
         wall = time.perf_counter()
-        outcomes, duration_s = run_load(url, args.backend, specs, args.max_concurrency, model, tokenizer,
+        outcomes, duration_s, origin_s = run_load(url, args.backend, specs, args.max_concurrency, model, tokenizer,
                                         not args.quiet, args.client_processes)
         wall_s = time.perf_counter() - wall
         server_summary = dump_server_records(url, out_dir, [s.rid for s in specs])
@@ -371,6 +372,7 @@ def main(argv: list[str] | None = None) -> dict:
                    request_rate=None if rate is None or (isinstance(rate, float) and math.isinf(rate)) else rate,
                    burstiness=args.burstiness, max_concurrency=args.max_concurrency, overrides=list(args.overrides),
                    num_errors=len(errors), first_errors=errors[:5], send_duration_s=duration_s,
+                   clock_origin_s=origin_s,    # perf_counter at the client's time 0 (one clock per host)
                    server_summary=server_summary)
     write_run(out_dir, requests, steps, summary, plots=False)
     if not args.quiet:

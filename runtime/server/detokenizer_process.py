@@ -4,7 +4,10 @@ Imports neither torch nor the model.
 """
 from __future__ import annotations
 
+import time
+
 from runtime.server.detokenizer import IncrementalDetokenizer
+from runtime.server.hop_trace import HopTrace
 from runtime.server.ipc import Addresses, BatchOutput, BatchText, ControlReply, RequestOutput, TextOutput
 from runtime.server.stop_strings import StopStringMatcher
 from runtime.server.token_pieces import TokenPieces
@@ -67,6 +70,7 @@ def run_detokenizer(addresses: Addresses, tokenizer_path: str | None, vocab_size
 
     child_process_setup("twinserve-detokenizer")
     detok = Detokenizer(load_tokenizer(tokenizer_path, vocab_size))
+    trace = HopTrace.from_env("detokenizer")
     ctx = zmq.Context()
     pull, push = pull_socket(ctx, addresses.detokenizer), push_socket(ctx, addresses.http)
     try:
@@ -76,11 +80,17 @@ def run_detokenizer(addresses: Addresses, tokenizer_path: str | None, vocab_size
                     return
                 continue
             msg = pull.recv_pyobj()
+            if trace is not None and isinstance(msg, BatchOutput):
+                trace.mark_outputs("detok_recv", msg.outputs, time.perf_counter())
             for out in detok.handle_parts(msg) if isinstance(msg, BatchOutput) else (msg,):
                 push.send_pyobj(out)
+                if trace is not None and isinstance(out, BatchText):
+                    trace.mark_outputs("detok_send", out.outputs, time.perf_counter())
             if isinstance(msg, ControlReply) and msg.kind == "shutdown":
                 return
     finally:
+        if trace is not None:
+            trace.flush()
         pull.close()
         push.close(linger=1000)
         ctx.term()

@@ -76,6 +76,7 @@ def serve_http(cfg: DictConfig, model, addresses, http_pull, ready, children) ->
     import uvicorn
 
     from runtime.metrics import format_summary
+    from runtime.server.hop_trace import HopTrace
     from runtime.server.http_app import create_app
     from runtime.server.input_processor import InputProcessor, ModelLimits
     from runtime.server.server_metrics import ServerMetrics
@@ -86,7 +87,8 @@ def serve_http(cfg: DictConfig, model, addresses, http_pull, ready, children) ->
     limits = ModelLimits(ready.max_context_tokens, ready.kv_capacity_tokens, ready.vocab_size, model.eos_token_ids)
     metrics = ServerMetrics(name)
     processor = InputProcessor(load_tokenizer(cfg.tokenizer.path, model.vocab_size), limits)
-    manager = TokenizerManager(processor, addresses, metrics, scheduler_alive=children[0].is_alive)
+    manager = TokenizerManager(processor, addresses, metrics, scheduler_alive=children[0].is_alive,
+                               trace=HopTrace.from_env("http"))
     shutdown_reply = {}
 
     async def on_startup() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 
 from starlette.requests import Request as HTTPRequest
@@ -24,6 +25,7 @@ class ClientGone(Exception):
 async def stream_outputs(manager: TokenizerManager, state: ReqState) -> AsyncIterator[list[TextOutput]]:
     """Batches of outputs as they arrive, until the finish; aborts the request if the consumer stops
     early (a streaming client disconnected: Starlette cancels the response task)."""
+    trace = manager.trace
     try:
         while True:
             await state.event.wait()
@@ -31,7 +33,11 @@ async def stream_outputs(manager: TokenizerManager, state: ReqState) -> AsyncIte
             if state.error is not None:
                 raise state.error
             if batch:
+                if trace is not None:
+                    trace.mark_outputs("handler", batch, time.perf_counter())
                 yield batch
+                if trace is not None:                      # resumed once the chunk was written
+                    trace.mark_outputs("written", batch, time.perf_counter())
             if state.finish is not None and not state.pending:
                 return
     finally:

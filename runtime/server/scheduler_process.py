@@ -93,6 +93,7 @@ def run_scheduler(cfg_container: dict, addresses: Addresses, parent_pid: int) ->
     from runtime.build import build_core
     from runtime.driver import RealDriver
     from runtime.engine.build_runner import build_model_runner
+    from runtime.server.hop_trace import HopTrace
     from runtime.server.ipc import pull_socket, push_socket
     from runtime.server.online_source import OnlineSource
     from runtime.server.process_utils import child_process_setup
@@ -102,6 +103,7 @@ def run_scheduler(cfg_container: dict, addresses: Addresses, parent_pid: int) ->
     cfg = OmegaConf.create(cfg_container)
     ctx = zmq.Context()
     pull, push = pull_socket(ctx, addresses.scheduler), push_socket(ctx, addresses.detokenizer)
+    trace = HopTrace.from_env("scheduler")
     try:
         started = time.perf_counter()
         core = build_core(cfg)
@@ -109,7 +111,7 @@ def run_scheduler(cfg_container: dict, addresses: Addresses, parent_pid: int) ->
         tokenizer = load_tokenizer(cfg.tokenizer.path, core.model.vocab_size)
         control = SchedulerControl(core.scheduler, cfg.output_dir, started)
         control.source = source = OnlineSource(pull, push, core.scheduler, tokenizer, control, parent_pid=parent_pid,
-                                                     stream_interval=int(cfg.server.stream_interval))
+                                                     stream_interval=int(cfg.server.stream_interval), trace=trace)
         control.driver = driver = RealDriver(core.scheduler, runner, progress=False, overlap=bool(cfg.overlap))
         push.send_pyobj(Ready(core.kv_capacity_tokens, core.model.max_context_tokens, core.model.vocab_size,
                               str(runner.device), os.getpid()))
@@ -125,6 +127,8 @@ def run_scheduler(cfg_container: dict, addresses: Addresses, parent_pid: int) ->
         push.send_pyobj(ControlReply("shutdown", -1, False, traceback.format_exc()))
         raise SystemExit(1)
     finally:
+        if trace is not None:
+            trace.flush()
         pull.close()
         push.close(linger=2000)
         ctx.term()

@@ -14,6 +14,7 @@ import zmq
 import zmq.asyncio
 
 from runtime.server.errors import APIError
+from runtime.server.hop_trace import HopTrace
 from runtime.server.input_processor import InputProcessor
 from runtime.server.ipc import (
     AbortReq, Addresses, BatchText, ControlReply, ControlReq, Finish, SchedulerStats, TextOutput, pull_socket,
@@ -47,8 +48,10 @@ class ReqState:
 
 class TokenizerManager:
     def __init__(self, processor: InputProcessor, addresses: Addresses, metrics: ServerMetrics,
-                 scheduler_alive: Callable[[], bool]) -> None:
+                 scheduler_alive: Callable[[], bool], trace: HopTrace | None = None) -> None:
+        """`trace`: the delivery-lag probe's hop marks (None: off)."""
         self.processor = processor
+        self.trace = trace
         self.metrics = metrics
         self.scheduler_alive = scheduler_alive
         self.addresses = addresses
@@ -73,6 +76,8 @@ class TokenizerManager:
         for task in self._tasks:
             task.cancel()
         self._push.close(linger=1000)
+        if self.trace is not None:
+            self.trace.flush()
 
     # -- requests --------------------------------------------------------------------------------
     def submit(self, gi: GenerateInput, endpoint: str) -> ReqState:
@@ -87,6 +92,9 @@ class TokenizerManager:
         tokenized = self.processor.process(gi, rid, arrival)
         state = self.states[rid] = ReqState(rid, arrival, len(tokenized.input_ids))
         self._push.send_pyobj(tokenized)
+        if self.trace is not None:
+            self.trace.mark("http_arrival", rid, arrival)
+            self.trace.mark("http_sent", rid, time.perf_counter())
         return state
 
     def submit_all(self, inputs: list[GenerateInput], endpoint: str) -> list[ReqState]:
@@ -142,6 +150,8 @@ class TokenizerManager:
 
     def _dispatch(self, batch: BatchText, now_s: float) -> None:
         """Hand each output to its request's handler; handlers wake in the batch's order."""
+        if self.trace is not None:
+            self.trace.mark_outputs("http_recv", batch.outputs, now_s)
         num_tokens = 0
         for out in batch.outputs:
             state = self.states.get(out.rid)

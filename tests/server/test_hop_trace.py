@@ -1,0 +1,35 @@
+"""The delivery-lag probe's hop marks: off without the environment variable, token indices counted per
+request and hop, and the probe's table of the time between hops."""
+from __future__ import annotations
+
+from runtime.server.hop_trace import ENV_VAR, HopTrace
+from runtime.server.ipc import Finish, TextOutput
+
+
+def test_tracing_is_off_unless_the_environment_names_a_directory(monkeypatch, tmp_path):
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    assert HopTrace.from_env("http") is None
+    monkeypatch.setenv(ENV_VAR, str(tmp_path / "hops"))
+    trace = HopTrace.from_env("http")
+    assert trace is not None and trace.path.startswith(str(tmp_path / "hops"))
+
+
+def test_marks_count_token_indices_and_the_probe_joins_them(tmp_path):
+    from experiments.serving_hops import hop_table, read_marks
+
+    end = Finish("length", None, 3, 3, 0, 1.0, 0.1)
+    a = HopTrace(str(tmp_path / "a.csv"))
+    b = HopTrace(str(tmp_path / "b.csv"))
+    a.mark("http_arrival", "r", 0.0)
+    a.mark("sched_recv", "r", 0.001)
+    for hop, trace, offset_s in (("sched_send", a, 0.0), ("http_recv", b, 0.002)):
+        trace.mark_outputs(hop, [TextOutput("r", "x", [1])], 1.0 + offset_s)
+        trace.mark_outputs(hop, [TextOutput("r", "yz", [2, 3], end)], 2.0 + offset_s)
+    a.flush()
+    b.flush()
+    marks = read_marks(tmp_path)
+    assert sorted(marks[marks["hop"] == "http_recv"]["token_index"]) == [0, 1]
+    table = hop_table(marks)
+    assert abs(table["first_token"]["sched_send->http_recv"]["p50"] - 2.0) < 1e-6
+    assert abs(table["later_tokens"]["sched_send->http_recv"]["p50"] - 2.0) < 1e-6
+    assert abs(table["intake"]["http_arrival->sched_recv"]["p50"] - 1.0) < 1e-6
