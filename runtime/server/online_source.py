@@ -1,7 +1,7 @@
 """The scheduler process's RequestSource for an online front end: requests, aborts and control
-messages arrive over ZMQ from the HTTP process; new tokens and finishes leave, batched once per
-driver iteration, for the detokenizer. Stop strings are checked here, on decoded text, so that a
-request ends as soon as one appears. Torch-free.
+messages arrive over ZMQ from the HTTP process; new tokens and finishes leave for the detokenizer as
+soon as a step's are known (one message, two when the step finishes requests). Stop strings are checked
+here, on decoded text, so that a request ends as soon as one appears. Torch-free.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from runtime.core.request import FinishReason, Request
 from runtime.core.scheduler import Scheduler
 from runtime.engine.logprob_params import prompt_logprob_start, top_logprobs_num
 from runtime.server.detokenizer import IncrementalDetokenizer
+from runtime.server.hop_trace import HopTrace
 from runtime.server.ipc import (
     AbortReq, BatchOutput, ControlReply, ControlReq, DetokSpec, Finish, PositionLogprobs, RequestOutput,
     SchedulerStats, TokenizedRequest, TokenLogprob,
@@ -59,14 +60,17 @@ class OnlineSource:
 
     def __init__(self, pull: zmq.Socket, push: zmq.Socket, scheduler: Scheduler, tokenizer: Tokenizer,
                  control: Callable[[ControlReq], ControlReply], parent_pid: int | None = None,
-                 clock: Callable[[], float] = time.perf_counter, stream_interval: int = 1) -> None:
+                 clock: Callable[[], float] = time.perf_counter, stream_interval: int = 1,
+                 trace: HopTrace | None = None) -> None:
         """stream_interval (SGLang's --stream-interval): a request's first token goes out at once, then its
-        tokens whenever `stream_interval` of them are waiting, and the rest with its finish."""
+        tokens whenever `stream_interval` of them are waiting, and the rest with its finish. `trace`: the
+        delivery-lag probe's hop marks (None: off)."""
         self.stream_interval = check_stream_interval(stream_interval)
         self.pull, self.push, self.scheduler, self.tokenizer = pull, push, scheduler, tokenizer
         self.control = control
         self.parent_pid = parent_pid
         self.clock = clock
+        self.trace = trace
         self.tracked: dict[str, _Tracked] = {}
         self.finished: list[Request] = []                 # every ended request (the records)
         self.shutdown: ControlReq | None = None
@@ -74,13 +78,14 @@ class OnlineSource:
         self._aborts: list[str] = []
         self._first_outputs: list[RequestOutput] = []    # requests' first outputs: sent ahead of the rest
         self._outputs: list[RequestOutput] = []
+        self._stop_pending = False                        # a stop-string finish waits for the next poll
         self._clock_offset_s: float | None = None         # clock() - driver time
 
     # -- RequestSource --------------------------------------------------------------------------
     def poll(self, now_s: float) -> list[Request]:
-        """New requests (aborts and control requests are taken too); then the outputs of the steps since
-        the last poll go out. After the intake, so that a client that saw a request end (say, by a stop
-        string, whose abort the driver applies right after this poll) cannot ask about it before then."""
+        """New requests (aborts and control requests are taken too); then the outputs not sent yet go out.
+        After the intake, so that a client that saw a request end (say, by a stop string, whose abort the
+        driver applies right after this poll) cannot ask about it before then."""
         if self._clock_offset_s is None:
             self._clock_offset_s = self.clock() - now_s
         new: list[Request] = []
@@ -121,16 +126,21 @@ class OnlineSource:
         return self.shutdown is not None
 
     def on_tokens(self, requests: list[Request], now_s: float) -> None:
+        """A step's new tokens go out now, not at the next poll (which in overlap scheduling comes after
+        the next step's bookkeeping). A request the step finished is left to `on_finished`, which the driver
+        calls right after: its last tokens travel with its finish."""
         for req in requests:
             t = self.tracked.get(req.rid)
-            if t is None or t.stopped:
+            if t is None or t.stopped or req.is_finished:
                 continue
             t.held += self._take_new_tokens(t)
             if t.stopped:                                  # a stop string appeared: end it now
                 self._aborts.append(req.rid)
+                self._stop_pending = True
                 self._output(t, self._release(t), self._finish(req, "stop", t.stop.matched, t.num_sent, now_s))
             elif t.held and (not t.detok_sent or len(t.held) >= self.stream_interval):
                 self._output(t, self._release(t))
+        self._send_now()
 
     def on_logprobs(self, items: list[ScheduledItem], logprobs: list) -> None:
         """A step's log-probabilities (StepResult.logprobs, one per sampling item), kept by output index
@@ -166,15 +176,26 @@ class OnlineSource:
             else:
                 matched = req.output_ids[-1] if reason == "stop" and req.output_ids else None
             self._output(t, new, self._finish(req, reason, matched, t.num_sent, now_s))
+        self._send_now()
 
     # -- outputs --------------------------------------------------------------------------------
+    def _send_now(self) -> None:
+        """Flush, unless a request ended by its stop string since the last poll: then everything waits for
+        that poll, right after which the driver applies the request's abort, so that a client that saw the
+        finish never finds the request still in flight."""
+        if not self._stop_pending:
+            self.flush()
+
     def flush(self) -> None:
         """Send the outputs gathered since the last flush in one message, with the scheduler's gauges;
         requests' first outputs lead (time to first token is what waits on them)."""
+        self._stop_pending = False
         if self._first_outputs or self._outputs:
             outs = self._first_outputs + self._outputs
             self._first_outputs, self._outputs = [], []
             self.push.send_pyobj(BatchOutput(outs, self.stats()))
+            if self.trace is not None:
+                self.trace.mark_outputs("sched_send", outs, self.clock())
 
     def stats(self) -> SchedulerStats:
         s = self.scheduler
@@ -195,6 +216,16 @@ class OnlineSource:
                 prompt = t.prompt_logprobs
         out = RequestOutput(t.request.rid, token_ids, finish, detok, logprobs, prompt)
         (self._outputs if detok is None else self._first_outputs).append(out)
+        if self.trace is not None:
+            self._trace_output(t, out)
+
+    def _trace_output(self, t: _Tracked, out: RequestOutput) -> None:
+        """The probe's first two hops: the recorded time of the output's last token (what the records'
+        TTFT and token times use), and now, when the output is made."""
+        now = self.clock()
+        made = t.request.token_times_s[t.num_sent - 1] + self._clock_offset_s if out.token_ids else now
+        self.trace.mark_outputs("step_end", (out,), made)
+        self.trace.mark_outputs("sched_out", (out,), now)
 
     @staticmethod
     def _release(t: _Tracked) -> list[int]:
@@ -237,6 +268,8 @@ class OnlineSource:
     def _admit(self, msg: TokenizedRequest) -> Request | None:
         arrival = max(0.0, msg.arrival_clock_s - self._clock_offset_s)
         req = Request(rid=msg.rid, input_ids=list(msg.input_ids), sampling=msg.sampling, arrival_s=arrival)
+        if self.trace is not None:
+            self.trace.mark("sched_recv", msg.rid, self.clock())
         t = _Tracked(req, msg.detok, logprobs={} if top_logprobs_num(msg.sampling) is not None else None)
         if t.logprobs is not None:            # from the last prompt token alone: no forward row, no value
             start = prompt_logprob_start(msg.sampling, len(req.input_ids))

@@ -11,7 +11,7 @@ zmq = pytest.importorskip("zmq")
 from experiments.compose import compose_config  # noqa: E402
 from runtime.build import build_core  # noqa: E402
 from runtime.core.batch import StepResult  # noqa: E402
-from runtime.core.request import SamplingParams  # noqa: E402
+from runtime.core.request import FinishReason, RequestStatus, SamplingParams  # noqa: E402
 from runtime.driver import RealDriver  # noqa: E402
 from runtime.engine.logprob_params import LogprobSamplingParams, TokenLogprobs  # noqa: E402
 from runtime.server.ipc import (  # noqa: E402
@@ -150,48 +150,104 @@ def test_logprobs_travel_with_their_tokens_and_stop_at_the_stop_string(tmp_path)
     assert h.source.tracked == {}
 
 
-def test_first_outputs_lead_their_batch_and_the_batch_pickles_as_rows(tmp_path):
-    """A request's first output goes ahead of the running requests' outputs in the one message of an
-    iteration (time to first token waits on it), and the message survives pickling."""
+class Bare:
+    """An OnlineSource alone, driven by hand: admit requests, give them tokens, read what it sends."""
+
+    def __init__(self, stops=()):
+        self.ctx = zmq.Context()
+        self.pull, push, self.sink, self.sender = (self.ctx.socket(k) for k in (zmq.PULL, zmq.PUSH, zmq.PULL, zmq.PUSH))
+        self.pull.bind("inproc://in")
+        self.sink.bind("inproc://out")
+        push.connect("inproc://out")
+        self.sender.connect("inproc://in")
+        core = build_core(compose_config(["model=tiny_mla_moe", "hardware=cpu", "kv.capacity_tokens=4096"]))
+        self.source = OnlineSource(self.pull, push, core.scheduler, ByteTokenizer(512), control=None)
+        self.stops = tuple(stops)
+
+    def admit(self, rid, max_new_tokens=8):
+        sampling = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
+        self.sender.send_pyobj(TokenizedRequest(rid, [1, 2, 3], sampling, 0.0, DetokSpec([3], stop_strs=self.stops)))
+        assert self.pull.poll(5000)
+        (req,) = self.source.poll(0.0)
+        return req
+
+    @staticmethod
+    def emit(req, token):
+        req.output_ids.append(token)
+        req.token_times_s.append(0.0)
+
+    def sent(self):
+        """The messages sent so far, without waiting."""
+        out = []
+        while self.sink.poll(0):
+            out.append(self.sink.recv_pyobj())
+        return out
+
+    def close(self):
+        self.ctx.destroy(linger=0)
+
+
+@pytest.fixture
+def bare():
+    b = Bare()
+    yield b
+    b.close()
+
+
+def test_first_outputs_lead_their_batch_and_the_batch_pickles_as_rows(bare):
+    """A request's first output goes ahead of the running requests' outputs in the one message of a
+    step (time to first token waits on it), and the message survives pickling."""
     import pickle
 
-    ctx = zmq.Context()
+    old = bare.admit("old")
+    bare.emit(old, 65)
+    bare.source.on_tokens([old], 0.0)
+    assert [o.rid for o in bare.sink.recv_pyobj().outputs] == ["old"]
+    new = bare.admit("new")
+    bare.emit(old, 66)
+    bare.emit(new, 67)
+    bare.source.on_tokens([old, new], 0.0)                      # the batch's own order: old, then new
+    batch = pickle.loads(pickle.dumps(bare.sink.recv_pyobj()))
+    assert [(o.rid, o.token_ids, o.detok is not None) for o in batch.outputs] == [("new", [67], True),
+                                                                                ("old", [66], False)]
+    assert batch.outputs[0].detok.prompt_tail_ids == [3] and batch.stats.prompt_tokens_total == 6
+
+
+def test_a_steps_tokens_leave_at_once_not_at_the_next_poll(bare):
+    """With overlap scheduling the driver polls again only after the next step's bookkeeping: a step's
+    tokens must not wait for it. A request the step finished sends its last token with its finish."""
+    going, ending = bare.admit("going"), bare.admit("ending", max_new_tokens=1)
+    bare.emit(going, 65)
+    bare.emit(ending, 66)
+    ending.status, ending.finish_reason = RequestStatus.FINISHED, FinishReason.LENGTH   # as resolve leaves it
+    bare.source.on_tokens([going, ending], 0.0)
+    (msg,) = bare.sent()
+    assert [(o.rid, o.token_ids, o.finish) for o in msg.outputs] == [("going", [65], None)]
+    bare.source.on_finished([ending], 0.0)
+    (msg,) = bare.sent()
+    assert [(o.rid, o.token_ids, o.finish.reason) for o in msg.outputs] == [("ending", [66], "length")]
+
+
+def test_a_stop_string_finish_waits_for_the_poll_before_its_abort():
+    """The client that sees a stop-string finish may ask about the request at once; the driver aborts
+    it right after its next poll, so the finish (and its step's other outputs) go out in that poll."""
+    b = Bare(stops=["B"])
     try:
-        pull, push, sink, sender = (ctx.socket(kind) for kind in (zmq.PULL, zmq.PUSH, zmq.PULL, zmq.PUSH))
-        pull.bind("inproc://in")
-        sink.bind("inproc://out")
-        push.connect("inproc://out")
-        sender.connect("inproc://in")
-        core = build_core(compose_config(["model=tiny_mla_moe", "hardware=cpu", "kv.capacity_tokens=4096"]))
-        source = OnlineSource(pull, push, core.scheduler, ByteTokenizer(512), control=None)
-        sampling = SamplingParams(max_new_tokens=8, ignore_eos=True)
-
-        def admit(rid):
-            sender.send_pyobj(TokenizedRequest(rid, [1, 2, 3], sampling, 0.0, DetokSpec([3])))
-            assert pull.poll(5000)
-            (req,) = source.poll(0.0)
-            return req
-
-        def emit(req, token):
-            req.output_ids.append(token)
-            req.token_times_s.append(0.0)
-
-        old = admit("old")
-        emit(old, 65)
-        source.on_tokens([old], 0.0)
-        source.flush()
-        assert [o.rid for o in sink.recv_pyobj().outputs] == ["old"]
-        new = admit("new")
-        emit(old, 66)
-        emit(new, 67)
-        source.on_tokens([old, new], 0.0)                      # the batch's own order: old, then new
-        source.flush()
-        batch = pickle.loads(pickle.dumps(sink.recv_pyobj()))
-        assert [(o.rid, o.token_ids, o.detok is not None) for o in batch.outputs] == [("new", [67], True),
-                                                                                    ("old", [66], False)]
-        assert batch.outputs[0].detok.prompt_tail_ids == [3] and batch.stats.prompt_tokens_total == 6
+        stopped, other = b.admit("stopped"), b.admit("other")
+        b.emit(stopped, 65)
+        b.emit(other, 67)
+        b.source.on_tokens([stopped, other], 0.0)
+        b.sent()                                               # the first tokens
+        b.emit(stopped, 66)                                    # "B": the stop string
+        b.emit(other, 68)
+        b.source.on_tokens([stopped, other], 0.0)
+        assert b.sent() == []
+        assert b.source.poll(0.0) == [] and b.source.aborted_rids() == ["stopped"]
+        (msg,) = b.sent()
+        assert [(o.rid, o.finish.reason if o.finish else None) for o in msg.outputs] == [("stopped", "stop"),
+                                                                                       ("other", None)]
     finally:
-        ctx.destroy(linger=0)
+        b.close()
 
 
 def test_stream_interval_sends_the_first_token_then_every_n_then_the_rest_with_the_finish(tmp_path):
