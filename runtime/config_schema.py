@@ -70,6 +70,8 @@ class ServerSchema:
     graceful_shutdown_s: float = 5.0           # on SIGINT/SIGTERM, in-flight requests may finish this long
     stream_interval: int = 1                   # SGLang's --stream-interval: a request's outputs go out every N tokens
                                                # (its first token and its finish at once); larger = fewer writes
+    tokenizer_workers: int = 1                 # SGLang's --tokenizer-worker-num: HTTP + tokenizer processes sharing
+                                               # the port (1: HTTP in the launcher's process, as before)
 
 
 @dataclass

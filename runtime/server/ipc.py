@@ -1,8 +1,8 @@
 """Messages between the server's processes (pickled over ZMQ) and the socket addresses.
 
-HTTP + tokenizer --TokenizedRequest/AbortReq/ControlReq--> scheduler --BatchOutput--> detokenizer
---BatchText--> HTTP. Control replies travel the same way back, after every output sent before them.
-Torch-free; imports zmq only in `push_socket` / `pull_socket`.
+HTTP + tokenizer worker(s) --TokenizedRequest/AbortReq/ControlReq--> scheduler --BatchOutput--> detokenizer
+--BatchText--> the worker that sent the request. Control replies travel the same way back to the worker
+that asked, after every output sent before them. Torch-free; imports zmq only in `push_socket` / `pull_socket`.
 """
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ from runtime.core.request import SamplingParams
 
 @dataclass(frozen=True)
 class Addresses:
-    """ipc:// endpoints, one PULL socket per receiving process, in a private directory."""
+    """ipc:// endpoints, one PULL socket per receiving process, in a private directory. `http` is the
+    launcher's: with one tokenizer worker it serves HTTP itself (worker 0); with N it only receives Ready
+    and the shutdown reply, and workers 1..N have their own (`worker(i)`)."""
 
     scheduler: str
     detokenizer: str
@@ -24,6 +26,14 @@ class Addresses:
     @classmethod
     def in_dir(cls, directory: str) -> "Addresses":
         return cls(*(f"ipc://{os.path.join(directory, name)}" for name in ("scheduler", "detokenizer", "http")))
+
+    def worker(self, worker_id: int) -> str:
+        return self.http if worker_id == 0 else f"{self.http}-{worker_id}"
+
+
+def worker_ids(num_workers: int) -> list[int]:
+    """The ids that receive outputs: 0 (the launcher) alone, or the launcher and workers 1..N."""
+    return [0] if num_workers == 1 else list(range(num_workers + 1))
 
 
 @dataclass
@@ -43,20 +53,25 @@ class TokenizedRequest:
     sampling: SamplingParams
     arrival_clock_s: float                 # time.perf_counter() when the HTTP request arrived
     detok: DetokSpec
+    worker: int = 0                        # the tokenizer worker that owns it (its outputs go there)
 
 
 @dataclass
 class AbortReq:
+    """Its client is gone: honoured only for the worker that owns `rid`."""
+
     rid: str
+    worker: int = 0
 
 
 @dataclass
 class ControlReq:
-    """kind: flush_cache | server_info | dump_records | shutdown."""
+    """kind: flush_cache | server_info | dump_records | abort | shutdown; the reply goes to `worker`."""
 
     kind: str
     req_id: int
     args: dict = field(default_factory=dict)
+    worker: int = 0
 
 
 @dataclass
@@ -65,6 +80,7 @@ class ControlReply:
     req_id: int
     ok: bool
     payload: Any = None
+    worker: int = 0
 
 
 @dataclass
@@ -102,7 +118,8 @@ class PositionLogprobs(NamedTuple):
 class RequestOutput(NamedTuple):
     """New tokens of one request since its last output; `detok` on the first one; `logprobs`, one per
     token, when the request asked for them; `prompt_logprobs` on the first one, when asked: its prompt
-    tokens from the start it asked for (SGLang's input_token_logprobs)."""
+    tokens from the start it asked for (SGLang's input_token_logprobs); `worker`: the tokenizer worker
+    it goes to."""
 
     rid: str
     token_ids: list[int]
@@ -110,6 +127,7 @@ class RequestOutput(NamedTuple):
     detok: Optional[DetokSpec] = None
     logprobs: Optional[list[PositionLogprobs]] = None
     prompt_logprobs: Optional[list[PositionLogprobs]] = None
+    worker: int = 0
 
 
 @dataclass
@@ -182,6 +200,7 @@ def push_socket(ctx, address: str):
     sock = ctx.socket(zmq.PUSH)
     sock.setsockopt(zmq.SNDHWM, 0)          # never block the sender (the scheduler must not wait)
     sock.setsockopt(zmq.LINGER, 1000)
+    sock.setsockopt(zmq.RECONNECT_IVL, 10)  # a receiver that binds later (a worker) is reached within 10 ms
     sock.connect(address)
     return sock
 

@@ -1,20 +1,29 @@
-"""`mode=serve`: starts the scheduler and detokenizer processes, waits until the model is loaded,
-then serves HTTP (FastAPI on uvicorn) in this process, which also tokenizes. SIGINT/SIGTERM shut
-everything down in order: the scheduler aborts what is in flight and writes the run's records.
-Imports fastapi/uvicorn/zmq only inside `run_serve` (the config test instantiates this target).
+"""`mode=serve`: starts the scheduler and detokenizer processes, waits until the model is loaded, then
+serves HTTP: in this process (server.tokenizer_workers=1), or in N worker processes sharing one listening
+socket, this one only supervising. SIGINT/SIGTERM shut everything down in order: HTTP drains, then the
+scheduler aborts what is in flight and writes the run's records. Imports fastapi/uvicorn/zmq only inside
+`run_serve` (the config test instantiates this target).
 """
 from __future__ import annotations
 
 import os
 import shutil
-import signal
 import tempfile
 import time
 
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from runtime.server.http_worker import event_loop_and_http_parser   # bench_frontend imports it from here
+
 CHILD_EXIT_TIMEOUT_S = 60.0
+
+
+def check_tokenizer_workers(value: int) -> int:
+    """`value` if it is a valid server.tokenizer_workers, else ValueError naming it."""
+    if value < 1:
+        raise ValueError(f"server.tokenizer_workers={value}: must be >= 1")
+    return value
 
 
 def run_serve(cfg: DictConfig) -> None:
@@ -30,6 +39,7 @@ def run_serve(cfg: DictConfig) -> None:
     from runtime.server.scheduler_process import run_scheduler
 
     check_stream_interval(int(cfg.server.stream_interval))       # before any process starts
+    num_workers = check_tokenizer_workers(int(cfg.server.tokenizer_workers))
     container = OmegaConf.to_container(cfg, resolve=True)       # Hydra's run dir resolves only here
     model = instantiate(cfg.model)
     ipc_dir = tempfile.mkdtemp(prefix="twinserve-")
@@ -39,14 +49,19 @@ def run_serve(cfg: DictConfig) -> None:
     spawn = mp.get_context("spawn")
     children = [
         spawn.Process(target=run_scheduler, args=(container, addresses, os.getpid()), name="twinserve-scheduler"),
-        spawn.Process(target=run_detokenizer, args=(addresses, cfg.tokenizer.path, model.vocab_size, os.getpid()),
-                      name="twinserve-detokenizer"),
+        spawn.Process(target=run_detokenizer, args=(addresses, cfg.tokenizer.path, model.vocab_size, os.getpid(),
+                                                    num_workers), name="twinserve-detokenizer"),
     ]
     for child in children:
         child.start()
     try:
         ready = wait_ready(http_pull, children, float(cfg.server.startup_timeout_s))
-        serve_http(cfg, model, addresses, http_pull, ready, children)
+        if num_workers == 1:
+            reply = serve_http(cfg, model, addresses, http_pull, ready, children)
+        else:
+            from runtime.server.worker_pool import serve_with_workers
+            reply = serve_with_workers(cfg, container, model, addresses, http_pull, ready, children, ipc_dir)
+        report(cfg, reply)
     finally:
         stop_children(children, CHILD_EXIT_TIMEOUT_S)
         http_pull.close()
@@ -72,23 +87,13 @@ def wait_ready(http_pull, children, timeout_s: float):
     raise RuntimeError(f"the scheduler was not ready within {timeout_s:.0f} s (server.startup_timeout_s)")
 
 
-def serve_http(cfg: DictConfig, model, addresses, http_pull, ready, children) -> dict | None:
-    import uvicorn
+def serve_http(cfg: DictConfig, model, addresses, http_pull, ready, children):
+    """One tokenizer worker, in this process: serve until a signal, then shut the scheduler down from
+    the app's lifespan. Returns the scheduler's shutdown reply (None if it gave none)."""
+    from runtime.server.http_worker import build_frontend, build_server, land_signals_on_noop
 
-    from runtime.metrics import format_summary
-    from runtime.server.hop_trace import HopTrace
-    from runtime.server.http_app import create_app
-    from runtime.server.input_processor import InputProcessor, ModelLimits
-    from runtime.server.server_metrics import ServerMetrics
-    from runtime.server.tokenizer import load_tokenizer
-    from runtime.server.tokenizer_manager import TokenizerManager
-
-    name = cfg.server.served_model_name or model.name
-    limits = ModelLimits(ready.max_context_tokens, ready.kv_capacity_tokens, ready.vocab_size, model.eos_token_ids)
-    metrics = ServerMetrics(name)
-    processor = InputProcessor(load_tokenizer(cfg.tokenizer.path, model.vocab_size), limits)
-    manager = TokenizerManager(processor, addresses, metrics, scheduler_alive=children[0].is_alive,
-                               trace=HopTrace.from_env("http"))
+    frontend = build_frontend(cfg, model, addresses, ready, 0, scheduler_alive=children[0].is_alive)
+    manager = frontend.manager
     shutdown_reply = {}
 
     async def on_startup() -> None:
@@ -101,37 +106,25 @@ def serve_http(cfg: DictConfig, model, addresses, http_pull, ready, children) ->
             print(f"twinserve: scheduler shutdown: {err}")
         await manager.close()
 
-    server_args = {"model": model.name, "model_path": model.path, "device": ready.device, "kv_capacity_tokens": ready.kv_capacity_tokens,
-                   "host": cfg.server.host, "port": int(cfg.server.port), "tokenizer_path": cfg.tokenizer.path,
-                   "policy": OmegaConf.to_container(cfg.policy), "scheduler_config": OmegaConf.to_container(cfg.scheduler),
-                   "overlap": bool(cfg.overlap), "output_dir": str(cfg.output_dir)}
-    app = create_app(manager, metrics, name, limits, server_args, on_startup, on_shutdown)
+    server = build_server(cfg, model, ready, frontend, on_startup, on_shutdown, num_workers=1)
+    land_signals_on_noop()                 # the children are still stopped and the records reported
     loop, http = event_loop_and_http_parser()
-    server = uvicorn.Server(uvicorn.Config(app, host=cfg.server.host, port=int(cfg.server.port), log_level="warning",
-                                           access_log=False, loop=loop, http=http,
-                                           timeout_graceful_shutdown=max(float(cfg.server.graceful_shutdown_s), 1e-3)))
-    # uvicorn re-raises the signal it caught once it has shut down; land it on a no-op so the
-    # children are still stopped and the records reported below.
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: None)
-    print(f"twinserve: serving {name} on http://{cfg.server.host}:{cfg.server.port} ({ready.device}, "
+    print(f"twinserve: serving {frontend.name} on http://{cfg.server.host}:{cfg.server.port} ({ready.device}, "
           f"KV {ready.kv_capacity_tokens} tokens; {loop}, {http})", flush=True)
     server.run()
-    reply = shutdown_reply.get("reply")
+    return shutdown_reply.get("reply")
+
+
+def report(cfg: DictConfig, reply) -> dict | None:
+    """Print where the records went and their summary; the summary, or None without a good reply."""
+    from runtime.metrics import format_summary
+
     if reply is None or not reply.ok:
         return None
     print(f"twinserve: records in {reply.payload['dir']}")
     if cfg.print_summary:
         print(format_summary(reply.payload["summary"]))
     return reply.payload["summary"]
-
-
-def event_loop_and_http_parser() -> tuple[str, str]:
-    """uvloop and httptools where installed (the `serve` extra), else asyncio's loop and h11 (which
-    cost the HTTP process about 1.3x the CPU time per streamed chunk)."""
-    from importlib.util import find_spec
-
-    return ("uvloop" if find_spec("uvloop") else "asyncio"), ("httptools" if find_spec("httptools") else "h11")
 
 
 def stop_children(children, timeout_s: float) -> None:

@@ -100,5 +100,4 @@ async def _batch_stream(streams: list[AsyncIterator[str]]) -> AsyncIterator[str]
 async def abort_request(http: Request):
     req = await parse(http, AbortRequest)
     manager: TokenizerManager = http.app.state.manager
-    aborted = [rid for rid in req.rids(list(manager.states)) if manager.abort_for_client(rid)]
-    return JSONResponse({"aborted": aborted})
+    return JSONResponse({"aborted": await manager.abort_for_clients(req.rids())})

@@ -41,6 +41,7 @@ class _Tracked:
 
     request: Request
     detok: DetokSpec
+    worker: int = 0                                # the tokenizer worker its outputs go to
     num_sent: int = 0
     detok_sent: bool = False
     text: IncrementalDetokenizer | None = None     # only with stop strings
@@ -99,7 +100,8 @@ class OnlineSource:
                 if req is not None:
                     new.append(req)
             elif isinstance(msg, AbortReq):
-                if msg.rid in self.tracked:
+                t = self.tracked.get(msg.rid)
+                if t is not None and t.worker == msg.worker:
                     self._aborts.append(msg.rid)
             elif isinstance(msg, ControlReq):
                 self._on_control(msg)
@@ -214,7 +216,7 @@ class OnlineSource:
             logprobs = [t.logprobs.pop(i) for i in range(t.num_sent - len(token_ids), t.num_sent)]
             if detok is not None:
                 prompt = t.prompt_logprobs
-        out = RequestOutput(t.request.rid, token_ids, finish, detok, logprobs, prompt)
+        out = RequestOutput(t.request.rid, token_ids, finish, detok, logprobs, prompt, t.worker)
         (self._outputs if detok is None else self._first_outputs).append(out)
         if self.trace is not None:
             self._trace_output(t, out)
@@ -270,7 +272,8 @@ class OnlineSource:
         req = Request(rid=msg.rid, input_ids=list(msg.input_ids), sampling=msg.sampling, arrival_s=arrival)
         if self.trace is not None:
             self.trace.mark("sched_recv", msg.rid, self.clock())
-        t = _Tracked(req, msg.detok, logprobs={} if top_logprobs_num(msg.sampling) is not None else None)
+        asks = top_logprobs_num(msg.sampling) is not None
+        t = _Tracked(req, msg.detok, msg.worker, logprobs={} if asks else None)
         if t.logprobs is not None:            # from the last prompt token alone: no forward row, no value
             start = prompt_logprob_start(msg.sampling, len(req.input_ids))
             if start is None or start == len(req.input_ids) - 1:
@@ -278,8 +281,9 @@ class OnlineSource:
         if msg.detok.stop_strs:
             t.text = IncrementalDetokenizer(self.tokenizer, msg.detok.prompt_tail_ids, msg.detok.skip_special_tokens)
             t.stop = StopStringMatcher(msg.detok.stop_strs)
-        if self.shutdown is not None:                      # shutting down: refuse
-            self._output(t, [], Finish("abort", None, len(req.input_ids), 0, 0, None, None))
+        if self.shutdown is not None or msg.rid in self.tracked:   # shutting down, or the rid taken: refuse
+            matched = None if self.shutdown is not None else "rid already in flight"
+            self._output(t, [], Finish("abort", matched, len(req.input_ids), 0, 0, None, None))
             return None
         self.tracked[msg.rid] = t
         return req
@@ -292,8 +296,15 @@ class OnlineSource:
         try:
             reply = self.control(msg)
         except Exception as err:                           # a failed control must not stop serving
-            reply = ControlReply(msg.kind, msg.req_id, False, f"{type(err).__name__}: {err}")
+            reply = ControlReply(msg.kind, msg.req_id, False, f"{type(err).__name__}: {err}", msg.worker)
         self.push.send_pyobj(reply)
+
+    def abort_for_clients(self, rids: list[str] | None) -> list[str]:
+        """/abort_request: these requests (None: every one in flight) end at the next step, their own
+        clients getting the finish (reason abort), whichever worker they came through. Returns those found."""
+        found = list(self.tracked) if rids is None else [rid for rid in rids if rid in self.tracked]
+        self._aborts.extend(rid for rid in found if rid not in self._aborts)
+        return found
 
     def _begin_shutdown(self, msg: ControlReq) -> None:
         self.shutdown = msg

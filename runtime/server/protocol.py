@@ -330,9 +330,10 @@ class AbortRequest(_Strict):
     rid: Optional[str] = None
     abort_all: bool = False
 
-    def rids(self, in_flight: list[str]) -> list[str]:
+    def rids(self) -> list[str] | None:
+        """The rids to abort; None: every request in flight."""
         if self.abort_all:
-            return in_flight
+            return None
         if not self.rid:
             raise APIError("give a rid, or abort_all=true", param="rid")
         return [self.rid]

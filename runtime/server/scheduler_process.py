@@ -25,11 +25,15 @@ class SchedulerControl:
 
     def __call__(self, msg: ControlReq) -> ControlReply:
         handler = {"flush_cache": self.flush_cache, "server_info": self.server_info,
-                   "dump_records": self.dump_records}.get(msg.kind)
+                   "dump_records": self.dump_records, "abort": self.abort}.get(msg.kind)
         if handler is None:
-            return ControlReply(msg.kind, msg.req_id, False, f"unknown control request {msg.kind!r}")
+            return ControlReply(msg.kind, msg.req_id, False, f"unknown control request {msg.kind!r}", msg.worker)
         ok, payload = handler(**msg.args)
-        return ControlReply(msg.kind, msg.req_id, ok, payload)
+        return ControlReply(msg.kind, msg.req_id, ok, payload, msg.worker)
+
+    def abort(self, rids: list[str] | None = None) -> tuple[bool, object]:
+        """/abort_request (None: all): the requests found, which end at the next step for their clients."""
+        return True, self.source.abort_for_clients(rids)
 
     def flush_cache(self) -> tuple[bool, object]:
         s = self.scheduler
@@ -121,7 +125,7 @@ def run_scheduler(cfg_container: dict, addresses: Addresses, parent_pid: int) ->
                                      time.perf_counter() - started, plots=False)
         shutdown = source.shutdown
         push.send_pyobj(ControlReply("shutdown", shutdown.req_id if shutdown else -1, True,
-                                     {"dir": str(out), "summary": summary}))
+                                     {"dir": str(out), "summary": summary}, shutdown.worker if shutdown else 0))
     except Exception:
         traceback.print_exc()
         push.send_pyobj(ControlReply("shutdown", -1, False, traceback.format_exc()))

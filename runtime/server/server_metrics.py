@@ -1,8 +1,11 @@
 """Prometheus metrics of the HTTP server (prometheus_client, one private registry per server):
-request counters, TTFT/ITL/E2E histograms as clients see them, and the scheduler's gauges."""
+request counters, TTFT/ITL/E2E histograms as clients see them, and the scheduler's gauges. With several
+tokenizer workers, prometheus_client's multiprocess mode sums them (PROMETHEUS_MULTIPROC_DIR must be set
+before prometheus_client is first imported in the process)."""
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from runtime.server.ipc import Finish, SchedulerStats
 
@@ -11,7 +14,10 @@ LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05
 
 
 class ServerMetrics:
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, multiprocess: bool = False) -> None:
+        """`multiprocess`: `exposition` reports every worker's (counters and histograms summed, gauges
+        the most recent value any worker set)."""
+        self.multiprocess = multiprocess
         self.registry = CollectorRegistry()
         labels = {"model_name": model_name}
         r = self.registry
@@ -27,7 +33,8 @@ class ServerMetrics:
         self.ttft = hist("twinserve_time_to_first_token_seconds", "Arrival to first token delivered")
         self.itl = hist("twinserve_inter_token_latency_seconds", "Gap between consecutive delivered tokens")
         self.e2e = hist("twinserve_e2e_request_latency_seconds", "Arrival to last token delivered")
-        gauge = lambda name, doc: Gauge(name, doc, list(labels), registry=r).labels(**labels)   # noqa: E731
+        gauge = lambda name, doc: Gauge(name, doc, list(labels), registry=r,   # noqa: E731
+                                        multiprocess_mode="mostrecent").labels(**labels)
         self.num_running = gauge("twinserve_num_running_reqs", "Requests in the running batch")
         self.num_waiting = gauge("twinserve_num_waiting_reqs", "Requests waiting for admission")
         self.kv_used = gauge("twinserve_kv_used_tokens", "KV slots in use (requests and radix cache)")
@@ -66,4 +73,8 @@ class ServerMetrics:
             self.cache_hit_rate.set(stats.cached_tokens_total / stats.prompt_tokens_total)
 
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        if not self.multiprocess:
+            return generate_latest(self.registry)
+        every_worker = CollectorRegistry()
+        MultiProcessCollector(every_worker)
+        return generate_latest(every_worker)

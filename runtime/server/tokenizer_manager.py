@@ -1,6 +1,6 @@
-"""The HTTP process's side of the pipeline (SGLang's TokenizerManager): tokenizes and sends requests
-to the scheduler, receives detokenized outputs and hands them to the waiting handlers, sends
-aborts and control requests. Runs on the asyncio loop; imports zmq, never torch.
+"""A tokenizer worker's side of the pipeline (SGLang's TokenizerManager): tokenizes and sends requests
+to the scheduler, receives their detokenized outputs and hands them to the waiting handlers, sends
+aborts and control requests. One per HTTP worker process; runs on its asyncio loop; imports zmq, never torch.
 """
 from __future__ import annotations
 
@@ -48,10 +48,12 @@ class ReqState:
 
 class TokenizerManager:
     def __init__(self, processor: InputProcessor, addresses: Addresses, metrics: ServerMetrics,
-                 scheduler_alive: Callable[[], bool], trace: HopTrace | None = None) -> None:
-        """`trace`: the delivery-lag probe's hop marks (None: off)."""
+                 scheduler_alive: Callable[[], bool], trace: HopTrace | None = None, worker_id: int = 0) -> None:
+        """`trace`: the delivery-lag probe's hop marks (None: off). `worker_id`: this worker's (0: the one
+        HTTP process), carried with every message so that outputs and replies come back here."""
         self.processor = processor
         self.trace = trace
+        self.worker_id = worker_id
         self.metrics = metrics
         self.scheduler_alive = scheduler_alive
         self.addresses = addresses
@@ -67,9 +69,9 @@ class TokenizerManager:
 
     def start(self, pull_socket_sync=None) -> None:
         """Start receiving on the event loop. `pull_socket_sync`: the HTTP PULL socket bound at launch
-        (it already received Ready); it is re-wrapped for asyncio."""
+        (it already received Ready); it is re-wrapped for asyncio. Without it, this worker's is bound."""
         self._pull = zmq.asyncio.Socket.from_socket(pull_socket_sync) if pull_socket_sync is not None \
-            else pull_socket(self._ctx, self.addresses.http)
+            else pull_socket(self._ctx, self.addresses.worker(self.worker_id))
         self._tasks = [asyncio.create_task(self._recv_loop()), asyncio.create_task(self._watch_scheduler())]
 
     async def close(self) -> None:
@@ -90,6 +92,7 @@ class TokenizerManager:
         if rid in self.states:
             raise APIError(f"rid {rid!r} is already in flight", param="rid")
         tokenized = self.processor.process(gi, rid, arrival)
+        tokenized.worker = self.worker_id
         state = self.states[rid] = ReqState(rid, arrival, len(tokenized.input_ids))
         self._push.send_pyobj(tokenized)
         if self.trace is not None:
@@ -114,22 +117,20 @@ class TokenizerManager:
         state = self.states.pop(rid, None)
         if state is not None and not state.done:
             self.metrics.finished.labels(reason="abort").inc()
-        self._push.send_pyobj(AbortReq(rid))
+        self._push.send_pyobj(AbortReq(rid, self.worker_id))
 
-    def abort_for_client(self, rid: str) -> bool:
-        """/abort_request: the scheduler ends the request, whose client gets its outputs so far and the
-        finish (reason abort). False when no such request is in flight."""
-        if rid not in self.states:
-            return False
-        self._push.send_pyobj(AbortReq(rid))
-        return True
+    async def abort_for_clients(self, rids: list[str] | None) -> list[str]:
+        """/abort_request (None: every request in flight): the scheduler ends them, whichever worker they
+        came through; their clients get their outputs so far and the finish (reason abort). Returns the
+        rids it found in flight."""
+        return (await self.control("abort", {"rids": rids})).payload
 
     async def control(self, kind: str, args: dict | None = None, timeout_s: float = 60.0) -> ControlReply:
         if self.dead:
             raise APIError("the scheduler process is not running", status=503)
         req_id = next(self._control_ids)
         future = self._controls[req_id] = asyncio.get_running_loop().create_future()
-        self._push.send_pyobj(ControlReq(kind, req_id, args or {}))
+        self._push.send_pyobj(ControlReq(kind, req_id, args or {}, self.worker_id))
         try:
             return await asyncio.wait_for(future, timeout_s)
         except asyncio.TimeoutError as err:

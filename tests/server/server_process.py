@@ -65,11 +65,12 @@ class ServerProcess:
         return self.proc.returncode
 
 
-def start_server(tmp_path: Path, extra: list[str] = ()) -> ServerProcess:
+def start_server(tmp_path: Path, extra: list[str] = (), env: dict[str, str] | None = None) -> ServerProcess:
+    """`extra`: Hydra overrides; `env`: environment variables added to the server's."""
     port = free_port()
     run_dir = tmp_path / "run"
     log_path = tmp_path / "server.log"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}   # tiny ops: threads only contend
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}   # tiny ops: threads contend
     cmd = [sys.executable, "run.py", "mode=serve", *MODEL_OVERRIDES, f"server.port={port}", "progress=false",
            f"hydra.run.dir={run_dir}", *extra]
     with open(log_path, "wb") as log:

@@ -37,14 +37,43 @@ def test_stop_string_is_trimmed_even_across_outputs():
     assert out1.text == "go " and out2.text == ""
 
 
+class CountingTokenizer(ByteTokenizer):
+    """Counts decode calls: what the detokenizer has decoded so far."""
+
+    num_decodes = 0
+
+    def decode(self, ids, skip_special_tokens=True):
+        self.num_decodes += 1
+        return super().decode(ids, skip_special_tokens)
+
+
 def test_first_outputs_travel_ahead_in_a_message_of_their_own():
-    detok = Detokenizer(TOK)
+    tok = CountingTokenizer(512)
+    detok = Detokenizer(tok)
     x, y = TOK.encode("x", add_special_tokens=False), TOK.encode("y", add_special_tokens=False)
-    (alone,) = detok.handle_parts(BatchOutput([RequestOutput("old", x, detok=DetokSpec([65]))], "stats"))
-    assert [o.text for o in alone.outputs] == ["x"] and alone.stats == "stats"
-    first, rest = detok.handle_parts(BatchOutput([RequestOutput("new", y, detok=DetokSpec([66])),
-                                                  RequestOutput("old", y)], "stats"))
+    ((worker, alone),) = detok.route(BatchOutput([RequestOutput("old", x, detok=DetokSpec([65]))], "stats"))
+    assert worker == 0 and [o.text for o in alone.outputs] == ["x"] and alone.stats == "stats"
+    batch = BatchOutput([RequestOutput("new", y, detok=DetokSpec([66]))] + [RequestOutput("old", y)] * 3, "stats")
+    messages = detok.route(batch)
+    _, first = next(messages)
+    decoded = tok.num_decodes
     assert [(o.rid, o.text) for o in first.outputs] == [("new", "y")] and first.stats is None
-    assert [(o.rid, o.text) for o in rest.outputs] == [("old", "y")] and rest.stats == "stats"
-    (only_running,) = detok.handle_parts(BatchOutput([RequestOutput("old", x), RequestOutput("new", x)]))
+    _, rest = next(messages)                   # the running requests are decoded only after the first went out
+    assert tok.num_decodes > decoded
+    assert [(o.rid, o.text) for o in rest.outputs] == [("old", "y")] * 3 and rest.stats == "stats"
+    ((_, only_running),) = detok.route(BatchOutput([RequestOutput("old", x), RequestOutput("new", x)]))
     assert [o.text for o in only_running.outputs] == ["x", "x"]
+
+
+def test_outputs_go_to_their_worker_and_a_rid_is_per_worker():
+    """Two workers may each hold a request of the same rid (the scheduler refuses the second): neither's
+    text state is the other's, and each worker gets only its own outputs."""
+    detok = Detokenizer(TOK)
+    a, b = TOK.encode("ab", add_special_tokens=False), TOK.encode("cd", add_special_tokens=False)
+    routed = list(detok.route(BatchOutput([RequestOutput("r", a[:1], detok=DetokSpec([65]), worker=1),
+                                           RequestOutput("r", b[:1], detok=DetokSpec([66]), worker=2)])))
+    assert [(w, [o.text for o in m.outputs]) for w, m in routed] == [(1, ["a"]), (2, ["c"])]
+    routed = list(detok.route(BatchOutput([RequestOutput("r", b[1:], finish(2), worker=2),
+                                           RequestOutput("r", a[1:], worker=1)])))
+    assert [(w, [o.text for o in m.outputs]) for w, m in routed] == [(2, ["d"]), (1, ["b"])]
+    assert len(detok) == 1

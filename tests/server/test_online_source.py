@@ -3,6 +3,7 @@ aborts, control requests and shutdown over in-process ZMQ sockets. Torch-free an
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -248,6 +249,26 @@ def test_a_stop_string_finish_waits_for_the_poll_before_its_abort():
                                                                                        ("other", None)]
     finally:
         b.close()
+
+
+def test_a_rid_in_flight_from_another_worker_is_refused_and_aborts_need_the_owner(bare):
+    """Two tokenizer workers can each accept a request of the same rid: the scheduler keeps the first and
+    refuses the second (abort, to its own worker); an abort counts only from the worker owning the rid."""
+    sampling = SamplingParams(max_new_tokens=8, ignore_eos=True)
+    first = bare.admit("same")
+    bare.sender.send_pyobj(TokenizedRequest("same", [1, 2], sampling, 0.0, DetokSpec([2]), worker=2))
+    bare.sender.send_pyobj(AbortReq("same", worker=2))
+    assert bare.pull.poll(5000)
+    time.sleep(0.05)                                             # both messages arrived
+    assert bare.source.poll(0.0) == [] and bare.source.aborted_rids() == []
+    (msg,) = bare.sent()
+    (refusal,) = msg.outputs
+    assert (refusal.rid, refusal.worker, refusal.finish.reason) == ("same", 2, "abort")
+    assert bare.source.tracked["same"].request is first
+    bare.sender.send_pyobj(AbortReq("same", worker=0))
+    assert bare.pull.poll(5000)
+    bare.source.poll(0.0)
+    assert bare.source.aborted_rids() == ["same"]
 
 
 def test_stream_interval_sends_the_first_token_then_every_n_then_the_rest_with_the_finish(tmp_path):
