@@ -78,8 +78,10 @@ class ServerSchema:
 class ProfileSchema:
     grid: str = "quick"                  # mode=profile: smoke (CPU tests) | quick (< 6 min on one H200) | full
     out_dir: Optional[str] = None        # null = sim/profiles/<hardware>/<model>
-    sections: Optional[str] = None       # comma-separated subset of decode,prefill,mixed,host,ops; null = all
+    sections: Optional[str] = None       # comma-separated subset of decode,prefill,host,mixed,ops,decode_shared; null = all
     resume: bool = True                  # skip grid points already in the tables
+    kv_fill: str = "model"               # the KV pool before timing: model = written by prefills of synthetic
+                                         # tokens (as served KV is); zeros = as allocated
 
 
 @dataclass

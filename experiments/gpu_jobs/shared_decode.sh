@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device call on one GPU: decode over shared prefixes, measured and served.
 #   PARTS="profile real" MODELS="deepseek_v2_lite qwen2_moe llama3_8b" bash experiments/gpu_jobs/shared_decode.sh OUT
-# profile: `mode=profile profile.sections=decode_shared` for each model into a copy of its committed profile
-#   (OUT/profiles/<model>/: copy back to sim/profiles/h200/<model>/);
+# profile: `mode=profile profile.sections=$SECTIONS` (default decode_shared) for each model into a copy of its
+#   committed profile without the tables named in FRESH (measured anew; default none) (OUT/profiles/<model>/:
+#   copy back to sim/profiles/h200/<model>/);
 # real: the shared-prefix workloads of experiments/fidelity_runs.py served by each model (records, summaries,
 #   step_shapes.parquet with each step's shared tokens) into OUT/real/<model>/. Packs OUT/shared_decode.tgz.
 set -uo pipefail
@@ -19,9 +20,10 @@ for m in $MODELS; do
   if [[ " $PARTS " == *" profile "* ]]; then
     start=$(date +%s)
     rm -rf "$WORK/profiles/$m" && cp -r "sim/profiles/h200/$m" "$WORK/profiles/$m"
-    timeout ${PROFILE_TIMEOUT_S:-300} python run.py mode=profile model=$m progress=false profile.sections=decode_shared \
+    for t in ${FRESH:-}; do rm -f "$WORK/profiles/$m/$t.csv"; done
+    timeout ${PROFILE_TIMEOUT_S:-300} python run.py mode=profile model=$m progress=false profile.sections=${SECTIONS:-decode_shared} \
       profile.out_dir="$WORK/profiles/$m" hydra.run.dir=/tmp/profile_run/$m 2>&1 | grep -v "capture\|Warning" | tail -4
-    echo "$m profile: $(( $(date +%s) - start )) s, $(wc -l < "$WORK/profiles/$m/decode_shared.csv") rows"
+    echo "$m profile: $(( $(date +%s) - start )) s, $(cat "$WORK"/profiles/$m/*.csv | wc -l) rows"
   fi
   if [[ " $PARTS " == *" real "* ]]; then
     start=$(date +%s)

@@ -1,4 +1,4 @@
-"""`mode=profile`: build the runner exactly as `mode=real` does and time its own forward steps over a
+"""`mode=profile`: build the runner exactly as `mode=real` does, fill its KV pool with KV the model wrote, and time its own forward steps over a
 grid -- decode batch x context (graph replay and eager), prefill tokens x cached prefix (one and several
 sequences), mixed steps, MoE and LM-head operators -- and the host work per step, into tidy CSV tables
 under sim/profiles/<hardware>/<model>/ (`profile.out_dir`), with meta.json. Resumable: points already in
@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from runtime.build import build_core
+from runtime.profile.kv_fill import KV_FILLS, fill_kv_pool
 from runtime.profile.grid import GRIDS, Grid, Limits, decode_points, prefill_points, shared_decode_points
 from runtime.profile.plans import SharedPrefixBatch, SyntheticBatch, step_plan
 from runtime.profile.tables import ProfileTable, write_meta
@@ -45,6 +46,9 @@ def run_profile(cfg: DictConfig, out_dir: str | Path | None = None) -> dict:
     sections = SECTIONS if cfg.profile.sections is None else tuple(s.strip() for s in str(cfg.profile.sections).split(","))
     if set(sections) - set(SECTIONS):
         raise ValueError(f"profile.sections: {sorted(set(sections) - set(SECTIONS))} not in {SECTIONS}")
+    kv_fill = str(cfg.profile.kv_fill)
+    if kv_fill not in KV_FILLS:
+        raise ValueError(f"profile.kv_fill={kv_fill}: expected one of {KV_FILLS}")
     core = build_core(cfg)
     if core.layout.num_gpus != 1:
         raise ValueError("mode=profile runs one GPU for now (tp=ep=dp=pp=1)")
@@ -60,6 +64,10 @@ def run_profile(cfg: DictConfig, out_dir: str | Path | None = None) -> dict:
     graph_max_bs = graph_max_batch_size(cfg) if runner.graphs is not None else 0
     points = [p for s in sections for p in _points(s, cfg, core, runner, grid, limits, graph_max_bs)
               if not tables[p[0]].has(p[1])]
+    if points and kv_fill == "model":
+        fill_kv_pool(runner, core.kv_capacity_tokens, min(limits.max_new_tokens, limits.max_context_tokens - 1),
+                     core.model.vocab_size,
+                     progress=bool(cfg.progress))
     for table, _, measure in tqdm(points, desc="profile", unit="point", disable=not cfg.progress):
         rows = measure()
         for row in rows if isinstance(rows, list) else [rows]:
@@ -70,7 +78,7 @@ def run_profile(cfg: DictConfig, out_dir: str | Path | None = None) -> dict:
         "layout": {"tp": core.layout.tp, "ep": core.layout.ep, "pp": core.layout.pp},
         "kv_capacity_tokens": core.kv_capacity_tokens, "cuda_graph_max_bs": graph_max_bs,
         "piecewise_max_tokens": runner.piecewise.buckets[-1] if runner.piecewise is not None else 0,
-        "fast_path": bool(cfg.real.fast_path), "points_measured": len(points),
+        "fast_path": bool(cfg.real.fast_path), "points_measured": len(points), "kv_fill": kv_fill,
         "load_s": round(runner.load_time_s, 2), "wall_s": round(time.perf_counter() - started, 1)})
     print(f"profile: {len(points)} points measured in {time.perf_counter() - started:.0f} s -> {directory}")
     return {"directory": str(directory), **{s: len(t) for s, t in tables.items()}}

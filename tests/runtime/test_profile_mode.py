@@ -18,7 +18,7 @@ from sim.costmodel.profiled import ProfiledCostModel  # noqa: E402
 from sim.costmodel.roofline import RooflineCostModel  # noqa: E402
 
 TINY = ["mode=profile", "model=tiny_mla_moe", "hardware=cpu", "real.device=cpu", "real.dtype=float32",
-        "progress=false", "profile.grid=smoke"]
+        "progress=false", "profile.grid=smoke", "kv.capacity_tokens=4096"]
 
 
 def test_profile_writes_resumable_tables_the_profiled_model_reads(tmp_path):
@@ -80,3 +80,19 @@ def test_shared_prefix_batches_read_their_groups_slots():
         assert all(it.num_prefix_tokens == 39 and it.new_slots == [it.request.kv_slots[39]] for it in items)
     with pytest.raises(ValueError, match="groups of 3"):
         SharedPrefixBatch("t", 8, 3, 32, 8, 0, 1000)
+
+
+def test_the_kv_pool_is_filled_by_the_model_before_timing():
+    from runtime.engine.build_runner import build_model_runner
+    from runtime.profile.kv_fill import fill_kv_pool
+
+    cfg = compose_config(TINY + ["kv.capacity_tokens=600"])
+    core = build_core(cfg)
+    runner = build_model_runner(cfg, core)
+    layers = runner.pool.kv_buffers                                # [slots, latent + rope] per layer
+    assert all(not layer[:600].any() for layer in layers)          # allocated as zeros
+    assert fill_kv_pool(runner, 600, 256, core.model.vocab_size, progress=False) == 600
+    for layer in layers:
+        assert layer[:600].abs().sum(dim=-1).gt(0).all()            # every slot written by a prefill
+    with pytest.raises(ValueError, match="kv_fill=ones: expected one of"):
+        run_profile(compose_config(TINY + ["profile.kv_fill=ones"]))
