@@ -21,7 +21,7 @@ for m in $MODELS; do
     start=$(date +%s)
     rm -rf "$WORK/profiles/$m" && cp -r "sim/profiles/h200/$m" "$WORK/profiles/$m"
     for t in ${FRESH:-}; do rm -f "$WORK/profiles/$m/$t.csv"; done
-    timeout ${PROFILE_TIMEOUT_S:-300} python run.py mode=profile model=$m progress=false profile.sections=${SECTIONS:-decode_shared} \
+    timeout ${PROFILE_TIMEOUT_S:-300} python run.py mode=profile model=$m progress=false "profile.sections='${SECTIONS:-decode_shared}'" \
       profile.out_dir="$WORK/profiles/$m" hydra.run.dir=/tmp/profile_run/$m 2>&1 | grep -v "capture\|Warning" | tail -4
     echo "$m profile: $(( $(date +%s) - start )) s, $(cat "$WORK"/profiles/$m/*.csv | wc -l) rows"
   fi
