@@ -14,6 +14,8 @@ from runtime.server.stop_strings import StopStringMatcher
 from runtime.server.token_pieces import TokenPieces
 from runtime.server.tokenizer import Tokenizer
 
+MAX_OUTPUTS_PER_MESSAGE = 32    # a worker starts writing these streams' chunks while the next ones are decoded
+
 
 class Detokenizer:
     """Per-request incremental detokenizers, by (worker, rid): a request's state is created by its first
@@ -32,19 +34,23 @@ class Detokenizer:
         return BatchText([self._one(out) for out in batch.outputs], batch.stats)
 
     def route(self, batch: BatchOutput) -> Iterator[tuple[int, BatchText]]:
-        """(worker, message) pairs, each to be sent as it comes: when the batch starts with requests' first
-        outputs (the scheduler puts them first) and has others, each worker's first outputs come before the
-        rest is decoded (time to first token waits on them); the scheduler's gauges ride with the last part."""
+        """(worker, message) pairs, each to be sent as it comes, decoded only when asked for: when the batch
+        starts with requests' first outputs (the scheduler puts them first) and has others, the first
+        outputs go before the rest is decoded (time to first token waits on them); then each worker's
+        outputs, at most MAX_OUTPUTS_PER_MESSAGE a message, so that a worker writes the first streams'
+        chunks while the later ones are decoded. The scheduler's gauges ride with each worker's last."""
         outs = batch.outputs
         num_first = next((i for i, out in enumerate(outs) if out.detok is None), len(outs))
         parts = [outs] if num_first in (0, len(outs)) else [outs[:num_first], outs[num_first:]]
         for k, part in enumerate(parts):
-            stats = batch.stats if k == len(parts) - 1 else None
-            by_worker: dict[int, list[TextOutput]] = {}
+            by_worker: dict[int, list[RequestOutput]] = {}
             for out in part:
-                by_worker.setdefault(out.worker, []).append(self._one(out))
-            for worker, texts in by_worker.items():
-                yield worker, BatchText(texts, stats)
+                by_worker.setdefault(out.worker, []).append(out)
+            for worker, mine in by_worker.items():
+                for start in range(0, len(mine), MAX_OUTPUTS_PER_MESSAGE):
+                    end = start + MAX_OUTPUTS_PER_MESSAGE
+                    stats = batch.stats if k == len(parts) - 1 and end >= len(mine) else None
+                    yield worker, BatchText([self._one(out) for out in mine[start:end]], stats)
 
     def _one(self, out: RequestOutput) -> TextOutput:
         key = (out.worker, out.rid)

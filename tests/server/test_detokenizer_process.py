@@ -2,7 +2,7 @@
 at the finish."""
 from __future__ import annotations
 
-from runtime.server.detokenizer_process import Detokenizer
+from runtime.server.detokenizer_process import MAX_OUTPUTS_PER_MESSAGE, Detokenizer
 from runtime.server.ipc import BatchOutput, DetokSpec, Finish, RequestOutput
 from runtime.server.tokenizer import ByteTokenizer
 
@@ -63,6 +63,21 @@ def test_first_outputs_travel_ahead_in_a_message_of_their_own():
     assert [(o.rid, o.text) for o in rest.outputs] == [("old", "y")] * 3 and rest.stats == "stats"
     ((_, only_running),) = detok.route(BatchOutput([RequestOutput("old", x), RequestOutput("new", x)]))
     assert [o.text for o in only_running.outputs] == ["x", "x"]
+
+
+def test_a_large_batch_goes_out_in_slices_decoded_one_at_a_time():
+    tok = CountingTokenizer(512)
+    detok = Detokenizer(tok)
+    n = 2 * MAX_OUTPUTS_PER_MESSAGE + 3
+    x = TOK.encode("x", add_special_tokens=False)
+    messages = detok.route(BatchOutput([RequestOutput(f"r{i}", x, detok=DetokSpec([65])) for i in range(n)], "stats"))
+    _, first = next(messages)
+    decoded = tok.num_decodes
+    rest = [m for _, m in messages]
+    assert tok.num_decodes > decoded                 # the later slices were decoded after the first went out
+    sizes = [len(m.outputs) for m in [first, *rest]]
+    assert sizes == [MAX_OUTPUTS_PER_MESSAGE, MAX_OUTPUTS_PER_MESSAGE, 3]
+    assert [m.stats for m in [first, *rest]] == [None, None, "stats"]
 
 
 def test_outputs_go_to_their_worker_and_a_rid_is_per_worker():
