@@ -101,9 +101,9 @@ def run_detokenizer(addresses: Addresses, tokenizer_path: str | None, vocab_size
                 trace.mark_outputs("detok_recv", msg.outputs, time.perf_counter())
             routed = detok.route(msg) if isinstance(msg, BatchOutput) else [(getattr(msg, "worker", 0), msg)]
             for worker, out in routed:                     # each part sent before the next is decoded
-                pushes[worker].send_pyobj(out)
                 if trace is not None and isinstance(out, BatchText):
                     trace.mark_outputs("detok_send", out.outputs, time.perf_counter())
+                pushes[worker].send_pyobj(out)
             if isinstance(msg, ControlReply) and msg.kind == "shutdown":
                 return
     finally:

@@ -195,9 +195,9 @@ class OnlineSource:
         if self._first_outputs or self._outputs:
             outs = self._first_outputs + self._outputs
             self._first_outputs, self._outputs = [], []
-            self.push.send_pyobj(BatchOutput(outs, self.stats()))
-            if self.trace is not None:
+            if self.trace is not None:                     # marked as handed over (a mark after it can lag)
                 self.trace.mark_outputs("sched_send", outs, self.clock())
+            self.push.send_pyobj(BatchOutput(outs, self.stats()))
 
     def stats(self) -> SchedulerStats:
         s = self.scheduler

@@ -94,10 +94,10 @@ class TokenizerManager:
         tokenized = self.processor.process(gi, rid, arrival)
         tokenized.worker = self.worker_id
         state = self.states[rid] = ReqState(rid, arrival, len(tokenized.input_ids))
-        self._push.send_pyobj(tokenized)
-        if self.trace is not None:
+        if self.trace is not None:                         # marked as handed over (a mark after it can lag)
             self.trace.mark("http_arrival", rid, arrival)
             self.trace.mark("http_sent", rid, time.perf_counter())
+        self._push.send_pyobj(tokenized)
         return state
 
     def submit_all(self, inputs: list[GenerateInput], endpoint: str) -> list[ReqState]:
