@@ -16,7 +16,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 OUT=${1:-/tmp/out}; WORK=${WORK:-/tmp/serve_bench}; mkdir -p "$OUT" "$WORK"
 W="workload=random workload.input_len=1024 workload.output_len=256 workload.range_ratio=0.5 workload.num_requests=600"
 RATES=${RATES:-16 48 96}
-SERVER_OVERRIDES=${SERVER_OVERRIDES:-}   # e.g. server.stream_interval=4
+SERVER_OVERRIDES=${SERVER_OVERRIDES:-}   # e.g. server.stream_interval=4, or server.tokenizer_workers=4 (HTTP workers)
 CLIENTS=${CLIENTS:-4}           # client processes: one alone falls behind hundreds of streams
 python3 -c "import uvloop, httptools" 2>/dev/null || echo "WARNING: uvloop/httptools missing: the server runs on asyncio + h11"
 # the front end alone (~40 s; SKIP_FRONTEND=1 skips it): rate and fake step (ms), ~80 and ~500 streams of 256 tokens
