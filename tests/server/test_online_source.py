@@ -36,8 +36,10 @@ class Harness:
         pull = self.ctx.socket(zmq.PULL)
         pull.bind("inproc://scheduler")
         push = self.ctx.socket(zmq.PUSH)
+        push.setsockopt(zmq.SNDHWM, 0)        # as the server's push sockets: the driver never blocks on a send
         push.connect("inproc://out")
         self.outputs = self.ctx.socket(zmq.PULL)
+        self.outputs.setsockopt(zmq.RCVHWM, 0)
         self.outputs.bind("inproc://out")
         self.send_socket = self.ctx.socket(zmq.PUSH)
         self.send_socket.connect("inproc://scheduler")
