@@ -106,18 +106,36 @@ def test_tokens_stream_out_and_the_stop_string_ends_the_request(tmp_path):
     assert reasons == {"plain": "length", "stopped": "stop"}
 
 
+class Held:
+    """`letters`, but a step of requests that already have a token waits until the test lets it go (at most
+    20 s): an abort or shutdown the test sends meanwhile reaches the driver before the request can finish."""
+
+    def __init__(self):
+        self.go = threading.Event()
+
+    def __call__(self, plan) -> StepResult:
+        if any(it.request.output_ids for it in plan.sampling_items):
+            self.go.wait(20)
+        return letters(plan)
+
+
 def test_abort_and_shutdown_free_everything(tmp_path):
-    h = Harness(tmp_path)
+    held = Held()
+    h = Harness(tmp_path, execute=held)
     h.request("long", 3000)
     h.receive_until(lambda m: len(outputs_of(m, "long")) >= 1)
     h.send(AbortReq("long"))
+    held.go.set()
     msgs = h.receive_until(finished("long"))
     assert outputs_of(msgs, "long")[-1].finish.reason == "abort"
     h.send(ControlReq("flush_cache", 2))
     reply = h.receive_until(lambda m: any(isinstance(x, ControlReply) for x in m))[-1]
     assert reply.ok and h.scheduler.kv.used_tokens() == 0
+    held.go.clear()
     h.request("cut by shutdown", 3000)
     h.receive_until(lambda m: len(outputs_of(m, "cut by shutdown")) >= 1)
+    h.send(ControlReq("shutdown", 98))
+    held.go.set()
     h.close()
     assert {r.rid: r.finish_reason.value for r in h.outcome.requests} == {"long": "abort", "cut by shutdown": "abort"}
     assert not h.scheduler.has_work() and h.scheduler.kv.used_tokens() == h.scheduler.kv.cache.total_size()
