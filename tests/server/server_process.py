@@ -88,3 +88,19 @@ def start_server(tmp_path: Path, extra: list[str] = (), env: dict[str, str] | No
         time.sleep(0.25)
     server.stop(signal.SIGKILL)
     raise RuntimeError(f"server not healthy within {STARTUP_TIMEOUT_S} s:\n{server.log()}")
+
+
+def scheduler_info(server: ServerProcess) -> dict:
+    """The scheduler's state as GET /get_server_info reports it."""
+    return httpx.get(f"{server.url}/get_server_info", timeout=30).json()["scheduler"]
+
+
+def wait_idle(server: ServerProcess, timeout_s: float = 60.0) -> dict:
+    """The scheduler's state once nothing is in flight, running or waiting (AssertionError after timeout_s)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state = scheduler_info(server)
+        if state["num_in_flight"] == state["num_running"] == state["num_waiting"] == 0:
+            return state
+        time.sleep(0.2)
+    raise AssertionError(f"server still busy after {timeout_s} s: {scheduler_info(server)}")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import httpx
 import pytest
@@ -12,21 +11,9 @@ import pytest
 pytest.importorskip("fastapi")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
+from tests.server.server_process import scheduler_info, wait_idle  # noqa: E402
+
 MODEL = "tiny_mla_moe"
-
-
-def info(server) -> dict:
-    return httpx.get(f"{server.url}/get_server_info", timeout=30).json()["scheduler"]
-
-
-def wait_idle(server, timeout_s: float = 60.0) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        state = info(server)
-        if state["num_in_flight"] == 0 and state["num_running"] == 0 and state["num_waiting"] == 0:
-            return state
-        time.sleep(0.2)
-    raise AssertionError(f"server still busy after {timeout_s} s: {info(server)}")
 
 
 async def stream_completion(client: httpx.AsyncClient, prompt: str, max_tokens: int) -> tuple[int, str, dict]:
@@ -95,7 +82,7 @@ def test_flush_cache_empties_the_radix_cache(server):
     assert before["radix_cache_tokens"] > 0
     r = httpx.post(f"{server.url}/flush_cache", timeout=30)
     assert r.status_code == 200
-    after = info(server)
+    after = scheduler_info(server)
     assert after["radix_cache_tokens"] == 0 and after["kv_used_tokens"] == 0
 
 

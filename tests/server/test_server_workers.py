@@ -18,7 +18,7 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("torch")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from tests.server.server_process import REPO, start_server  # noqa: E402
+from tests.server.server_process import REPO, scheduler_info, start_server, wait_idle  # noqa: E402
 from tests.server.test_server_shutdown import alive, cmdline, read_stream_until_closed  # noqa: E402
 
 MODEL = "tiny_mla_moe"
@@ -30,20 +30,6 @@ def server2(tmp_path_factory):
     srv = start_server(tmp_path_factory.mktemp("server2"), WORKERS)
     yield srv
     srv.stop(signal.SIGTERM)
-
-
-def scheduler_info(server) -> dict:
-    return httpx.get(f"{server.url}/get_server_info", timeout=30).json()["scheduler"]
-
-
-def wait_idle(server, timeout_s: float = 60.0) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        state = scheduler_info(server)
-        if state["num_in_flight"] == state["num_running"] == state["num_waiting"] == 0:
-            return state
-        time.sleep(0.2)
-    raise AssertionError(f"server still busy after {timeout_s} s: {scheduler_info(server)}")
 
 
 def test_openai_client_streams_and_not(server2):
