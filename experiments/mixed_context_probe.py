@@ -1,0 +1,63 @@
+"""Does a decode step's time follow its requests' mean context or its longest one? Times graph-replayed decode
+steps of B requests whose contexts are all equal against steps with the same summed context spread unevenly
+(half short, half long; one long and the rest short), on a KV pool the model wrote. GPU (imports torch).
+
+  python experiments/mixed_context_probe.py [model=...] [--batches 4 8 16 32 64 128] [--mean 1024]
+"""
+from __future__ import annotations
+
+import argparse
+
+from experiments.compose import compose_config
+from runtime.build import build_core
+from runtime.core.batch import ScheduledItem
+from runtime.profile.kv_fill import fill_kv_pool
+from runtime.core.request import RequestStatus
+from runtime.profile.plans import step_plan, synthetic_request
+from runtime.profile.timing import time_plan
+
+
+def contexts_of(kind: str, batch: int, mean: int) -> list[int]:
+    if kind == "equal":
+        return [mean] * batch
+    if kind == "halves":              # half at mean/4, half at 7 mean/4
+        return [mean // 4 if i % 2 else 7 * mean // 4 for i in range(batch)]
+    long = mean * batch // 2           # one request holds half the batch's KV
+    short = max(2, (mean * batch - long) // max(batch - 1, 1))
+    return [long] + [short] * (batch - 1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, nargs="*", default=[4, 8, 16, 32, 64, 128])
+    parser.add_argument("--mean", type=int, default=1024)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args()
+    from runtime.engine.build_runner import build_model_runner
+
+    cfg = compose_config(["mode=real", "progress=false"] + args.overrides)
+    core = build_core(cfg)
+    runner = build_model_runner(cfg, core)
+    vocab = core.model.vocab_size
+    fill_kv_pool(runner, min(core.kv_capacity_tokens, 1 << 20), min(8192, (core.model.max_context_tokens or 8192) - 1),
+                 vocab, progress=False)
+    print("batch  kind    contexts(min/max)   ms      / equal")
+    for batch in args.batches:
+        base = None
+        for kind in ("equal", "halves", "one_long"):
+            ctx = contexts_of(kind, batch, args.mean)
+            starts = [sum(ctx[:i]) for i in range(batch)]         # each request on its own slot range
+            requests = [synthetic_request(f"mc{kind}{batch}-{i}", 7 * i + batch, c, s, vocab)
+                        for i, (c, s) in enumerate(zip(ctx, starts))]
+            items = [ScheduledItem(r, c - 1, 1, [r.kv_slots[c - 1]], is_decode=True, samples=True)
+                     for r, c in zip(requests, ctx)]
+            ms = time_plan(runner, step_plan(items), args.repeats).device_s * 1e3
+            for r in requests:
+                r.status = RequestStatus.FINISHED
+            base = base or ms
+            print(f"{batch:5d}  {kind:8s} {min(ctx):6d}/{max(ctx):7d}   {ms:7.3f}  {ms / base:6.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
