@@ -12,8 +12,7 @@ from experiments.compose import compose_config
 from runtime.build import build_core
 from runtime.core.batch import ScheduledItem
 from runtime.profile.kv_fill import fill_kv_pool
-from runtime.core.request import RequestStatus
-from runtime.profile.plans import step_plan, synthetic_request
+from runtime.profile.plans import finish, step_plan, synthetic_request
 from runtime.profile.timing import time_plan
 
 
@@ -53,8 +52,7 @@ def main() -> None:
             items = [ScheduledItem(r, c - 1, 1, [r.kv_slots[c - 1]], is_decode=True, samples=True)
                      for r, c in zip(requests, ctx)]
             ms = time_plan(runner, step_plan(items), args.repeats).device_s * 1e3
-            for r in requests:
-                r.status = RequestStatus.FINISHED
+            finish(requests)
             base = base or ms
             print(f"{batch:5d}  {kind:8s} {min(ctx):6d}/{max(ctx):7d}   {ms:7.3f}  {ms / base:6.3f}", flush=True)
 

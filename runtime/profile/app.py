@@ -25,6 +25,7 @@ from runtime.profile.tables import ProfileTable, write_meta
 from sim.costmodel.profile_tables import profile_dir
 
 SECTIONS = ("decode", "prefill", "host", "mixed", "ops", "decode_shared")   # measured in this order
+KV_READING = {"decode", "prefill", "mixed", "decode_shared"}   # their steps attend KV already in the pool
 KEYS = {
     "decode": ("path", "batch_size", "context_tokens"),
     "prefill": ("num_seqs", "new_tokens", "prefix_tokens"),
@@ -64,10 +65,9 @@ def run_profile(cfg: DictConfig, out_dir: str | Path | None = None) -> dict:
     graph_max_bs = graph_max_batch_size(cfg) if runner.graphs is not None else 0
     points = [p for s in sections for p in _points(s, cfg, core, runner, grid, limits, graph_max_bs)
               if not tables[p[0]].has(p[1])]
-    if points and kv_fill == "model":
+    if kv_fill == "model" and any(table in KV_READING for table, _, _ in points):
         fill_kv_pool(runner, core.kv_capacity_tokens, min(limits.max_new_tokens, limits.max_context_tokens - 1),
-                     core.model.vocab_size,
-                     progress=bool(cfg.progress))
+                     core.model.vocab_size, progress=bool(cfg.progress))
     for table, _, measure in tqdm(points, desc="profile", unit="point", disable=not cfg.progress):
         rows = measure()
         for row in rows if isinstance(rows, list) else [rows]:

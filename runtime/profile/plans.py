@@ -71,8 +71,13 @@ class SyntheticBatch:
                               samples=True) for r in self.requests]
 
     def release(self) -> None:
-        for r in self.requests:
-            r.status = RequestStatus.FINISHED
+        finish(self.requests)
+
+
+def finish(requests) -> None:
+    """Mark synthetic requests finished: the runner frees their slot-table rows."""
+    for r in requests:
+        r.status = RequestStatus.FINISHED
 
 
 class SharedPrefixBatch:
@@ -108,8 +113,7 @@ class SharedPrefixBatch:
         return [ScheduledItem(r, pos, 1, [r.kv_slots[pos]], is_decode=True, samples=True) for r in self.requests]
 
     def release(self) -> None:
-        for r in self.requests:
-            r.status = RequestStatus.FINISHED
+        finish(self.requests)
 
 
 def step_plan(items: list[ScheduledItem]) -> StepPlan:
