@@ -26,7 +26,7 @@ from runtime.engine.batch_builder import BatchBuilder, FutureTokens, HostBatch
 from runtime.engine.forward_batch import ForwardBatch
 from runtime.engine.kv_pool import create_kv_pool
 from runtime.engine.logprob_params import top_logprobs_num
-from runtime.engine.penalties import PenaltyInputs, apply_penalties, penalty_inputs
+from runtime.engine.penalties import PenaltyBook, PenaltyCounts, PenaltyInputs
 from runtime.engine.prompt_logprobs import PromptAsk, PromptLogprobs, prompt_asks
 from runtime.engine.sampler import SampledLogprobs, Sampler, is_greedy, pinned
 from runtime.models.config import ModelConfig
@@ -85,6 +85,8 @@ class ModelRunner:
         # graphs: one extra slot past the core's capacity, where padding rows write
         self.pool = create_kv_pool(config, num_kv_slots + (1 if use_graphs else 0), self.dtype, self.device)
         self.sampler = Sampler(device=self.device, seed=seed)
+        self.penalty_book = PenaltyBook()                # which penalised request holds which state row
+        self.penalty_counts = PenaltyCounts(self.device)  # their running token counts (every rank)
         self.prompt_logprobs = PromptLogprobs(self.model.compute_logits)
         rows = max_running_requests + SLOT_TABLE_EXTRA_ROWS   # + the chunked request, finished ones in flight
         columns = min(max_context_tokens or config.max_position_embeddings, num_kv_slots) + 2
@@ -225,7 +227,7 @@ class ModelRunner:
         sampling = [it.request.sampling for it in items]
         top_nums = [top_logprobs_num(s) for s in sampling]
         asks = any(k is not None for k in top_nums)
-        penalties = penalty_inputs([it.request for it in items], sampling)
+        penalties = self.penalty_book.inputs([it.request for it in items], sampling)
         return StepInputs(self.batches.host(plan), rows, self.future.reserve(len(rows)),
                           None if all(map(is_greedy, sampling)) and not asks else sampling,
                           [len(it.request.output_ids) for it in items], top_nums if asks else None,
@@ -253,8 +255,10 @@ class ModelRunner:
         sampling = inputs.sampling if inputs.sampling is not None else [GREEDY] * len(rows)
         logits = logits[rows] if len(rows) < logits.shape[0] else logits  # [S, V]
         if inputs.penalties is not None:
-            logits = apply_penalties(logits, inputs.penalties, self.future.resolve)
+            logits = self.penalty_counts.apply(logits, inputs.penalties, self.future.resolve)
         ids = self.sampler.sample(logits, sampling, inputs.output_positions)
+        if inputs.penalties is not None:      # the sampled tokens join the running counts, on the device
+            self.penalty_counts.cumulate(inputs.penalties, ids)
         self.future.store(torch.from_numpy(inputs.ring).to(self.device, non_blocking=True), ids)
         logprobs = None
         if inputs.top_logprobs_nums is not None:
@@ -311,7 +315,7 @@ class StepInputs:
     output_positions: list[int]     # per sampled row, len(request.output_ids)
     top_logprobs_nums: list[int | None] | None = None   # per sampled row (None: no logprobs); None: no row asks
     prompt_asks: list[PromptAsk] | None = None          # prefill chunks that want prompt log-probabilities
-    penalties: PenaltyInputs | None = None              # rows with frequency/presence/repetition penalties
+    penalties: PenaltyInputs | None = None              # penalised rows, their state rows' upkeep
 
 
 GREEDY = SamplingParams(temperature=0.0)

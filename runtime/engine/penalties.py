@@ -1,6 +1,5 @@
-"""Frequency, presence and repetition penalties on a step's logits (SGLang's penalizers): built on the
-host from the requests' tokens (`penalty_inputs`, picklable: every TP rank applies the same), applied on
-the device before sampling (`apply_penalties`). Only rows whose request asks pay anything.
+"""Frequency, presence and repetition penalties, logit bias and min_new_tokens on a step's logits (SGLang's
+penalizers), with running token counts per request kept on the device, as SGLang's `cumulated_*` tensors.
 
   frequency: logit -= frequency_penalty x (times the token was generated)
   presence:  logit -= presence_penalty  x (1 if it was generated)
@@ -8,7 +7,15 @@ the device before sampling (`apply_penalties`). Only rows whose request asks pay
   logit_bias: the given bias added to each named token's logit (after the penalties)
   min_new_tokens: before that many tokens, the stop tokens' logits are -inf (unless ignore_eos)
 
-Legend: S = sampled rows, P = rows with penalties, V = vocabulary, N = tokens counted. Imports torch.
+Two halves, as BatchBuilder's: `PenaltyBook` (host, the scheduling rank) decides which state row each
+counting request holds and when a row is (re)built from the request's tokens; it emits picklable
+`PenaltyInputs`, which `PenaltyCounts` (device, every TP rank) applies before sampling and updates with
+the sampled tokens after it, so every rank keeps the same state. Host work per step is O(penalised rows);
+a request's tokens are read on the host only when its row is built (first sampling step, or after a
+retraction). Requests that ask for no counting penalty hold no state.
+
+Legend: S = sampled rows, C = rows with a counting penalty, R = state rows (capacity), V = vocabulary,
+N = tokens of rebuilt rows. Imports torch.
 """
 from __future__ import annotations
 
@@ -18,7 +25,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from runtime.core.request import Request, SamplingParams
+from runtime.core.request import Request, RequestStatus, SamplingParams
+from runtime.engine.forward_batch import _to_device
+
+_NO_PAIRS = np.empty((2, 0), dtype=np.int64)
 
 
 def counts_tokens(params: SamplingParams) -> bool:
@@ -37,81 +47,226 @@ def blocks_stop_tokens(req: Request, params: SamplingParams) -> bool:
 
 @dataclass
 class PenaltyInputs:
-    """The penalised rows of a step and the tokens each has seen (output tokens may be placeholders of a
-    step still in flight: negative ids, resolved on the device)."""
+    """One step's penalty work, as every rank runs it (picklable). Row pairs are int64 [2, *]."""
 
-    rows: np.ndarray            # int64 [P] sampled-row index of each penalised row
-    frequency: np.ndarray       # float32 [P]
-    presence: np.ndarray        # float32 [P]
-    repetition: np.ndarray      # float32 [P]
-    output_ids: np.ndarray      # int64 [N_out] generated tokens of the rows that count them, concatenated
-    output_row: np.ndarray      # int64 [N_out] its row (0..P-1)
-    prompt_ids: np.ndarray      # int64 [N_in] prompt tokens of rows with a repetition penalty
-    prompt_row: np.ndarray      # int64 [N_in]
-    blocked_ids: np.ndarray     # int64 [M] stop tokens of rows below their min_new_tokens
-    blocked_row: np.ndarray     # int64 [M]
-    bias_ids: np.ndarray        # int64 [K] tokens with a logit bias
-    bias_row: np.ndarray        # int64 [K]
-    bias: np.ndarray            # float32 [K]
+    capacity: int                   # state rows after this step's resize
+    keep_rows: np.ndarray | None    # int64 [L]: a resize (None: none); new row i is old row keep_rows[i]
+    reset_rows: np.ndarray          # int64 [Z] state rows rebuilt this step: zeroed, then filled from
+    output_tokens: np.ndarray       #   (state row, output token), tokens may be placeholders (< 0)
+    prompt_tokens: np.ndarray       #   (state row, prompt token), rows with a repetition penalty
+    counted: np.ndarray             # (sampled row, state row) [2, C] of the rows with a counting penalty
+    weights: np.ndarray             # float32 [3, C]: frequency, presence, repetition
+    blocked: np.ndarray             # (sampled row, stop token) [2, M], rows below their min_new_tokens
+    biased: np.ndarray              # (sampled row, token) [2, K]
+    bias: np.ndarray                # float32 [K]
+
+    @property
+    def touches_logits(self) -> bool:
+        return bool(self.counted.shape[1] or self.blocked.shape[1] or self.biased.shape[1])
 
 
-def penalty_inputs(requests: Sequence[Request], params: Sequence[SamplingParams]) -> PenaltyInputs | None:
-    """For the sampled rows' requests and their params; None when no row asks for a penalty."""
-    rows = [i for i, (req, p) in enumerate(zip(requests, params)) if has_penalty(p) or blocks_stop_tokens(req, p)]
-    if not rows:
-        return None
-    out_ids, out_row, in_ids, in_row, stop_ids, stop_row = [], [], [], [], [], []
-    bias_ids, bias_row, bias = [], [], []
-    for j, i in enumerate(rows):
-        req = requests[i]
-        for token, value in params[i].logit_bias:
-            bias_ids.append(token)
-            bias_row.append(j)
+@dataclass
+class _Entry:
+    request: Request
+    row: int
+    counted: int                    # output tokens the row counts: the next sampled position
+    retractions: int                # request.num_retractions when it was built
+
+
+class PenaltyBook:
+    """Host half: the state row of each request with a counting penalty. A row is built when its request
+    first samples, rebuilt from the request's tokens when it no longer matches them (re-admitted after a
+    retraction), and freed once the request ended or went back to the queue. Rows are compacted as the
+    count of holders moves: capacity is the power of two >= holders (0 when none), shrunk at a quarter."""
+
+    def __init__(self) -> None:
+        self.capacity = 0
+        self._entries: dict[str, _Entry] = {}
+        self._free: list[int] = []
+
+    @property
+    def num_requests(self) -> int:
+        """Requests holding a state row."""
+        return len(self._entries)
+
+    def inputs(self, requests: Sequence[Request], params: Sequence[SamplingParams]) -> PenaltyInputs | None:
+        """For one step's sampled rows (their requests and params); None when the step has nothing to do
+        (no penalised row, no resize). Mutates the bookkeeping: call once per launched step."""
+        if not requests:
+            return None
+        counting = [i for i, p in enumerate(params) if counts_tokens(p)]
+        in_step = {requests[i].rid: requests[i] for i in counting}
+        self._sweep(in_step)
+        stale = [i for i in counting if not self._matches(requests[i])]
+        num_new = sum(requests[i].rid not in self._entries for i in stale)
+        keep = self._fit(len(self._entries) + num_new)
+        reset, outputs, prompts = [], [], []
+        for i in stale:
+            entry = self._build(requests[i])
+            reset.append(entry.row)
+            outputs.append(_pairs(entry.row, requests[i].output_ids))
+            if params[i].repetition_penalty != 1:
+                prompts.append(_pairs(entry.row, requests[i].input_ids))
+        counted = np.empty((2, len(counting)), dtype=np.int64)
+        for j, i in enumerate(counting):
+            entry = self._entries[requests[i].rid]
+            counted[:, j] = i, entry.row
+            entry.counted += 1                      # this step's token, added on the device after sampling
+        blocked, biased, bias = _stop_and_bias(requests, params)
+        if keep is None and not counting and not blocked.shape[1] and not biased.shape[1]:
+            return None
+        weights = np.asarray([[params[i].frequency_penalty, params[i].presence_penalty,
+                               params[i].repetition_penalty] for i in counting], dtype=np.float32).reshape(-1, 3).T
+        return PenaltyInputs(self.capacity, keep, np.asarray(reset, dtype=np.int64), _cat(outputs), _cat(prompts),
+                             counted, np.ascontiguousarray(weights), blocked, biased, bias)
+
+    def _matches(self, req: Request) -> bool:
+        entry = self._entries.get(req.rid)
+        return (entry is not None and entry.counted == len(req.output_ids)
+                and entry.retractions == req.num_retractions)
+
+    def _sweep(self, in_step: dict[str, Request]) -> None:
+        """Free the rows of requests replaced by another of the same id, ended, or back in the queue
+        (stream order keeps a step in flight safe: a freed row is rebuilt only after it ran)."""
+        for rid, entry in list(self._entries.items()):
+            req = entry.request
+            current = in_step.get(rid)
+            gone = req.is_finished or req.status is RequestStatus.WAITING
+            if (current is not None and current is not req) or (current is None and gone):
+                self._free.append(self._entries.pop(rid).row)
+
+    def _build(self, req: Request) -> _Entry:
+        entry = self._entries.get(req.rid)
+        if entry is None:
+            entry = self._entries[req.rid] = _Entry(req, self._free.pop(), 0, 0)
+        entry.counted, entry.retractions = len(req.output_ids), req.num_retractions
+        return entry
+
+    def _fit(self, num_rows: int) -> np.ndarray | None:
+        """Resize for `num_rows` holders when they outgrow the capacity or fill a quarter of it or less;
+        returns the old rows of the holders (renumbered 0..L-1 in order), None without a resize."""
+        if num_rows == 0:
+            capacity = 0
+        elif num_rows > self.capacity or 4 * num_rows <= self.capacity:
+            capacity = 1 << (num_rows - 1).bit_length()
+        else:
+            return None
+        if capacity == self.capacity:
+            return None
+        keep = np.asarray([e.row for e in self._entries.values()], dtype=np.int64)
+        for new_row, entry in enumerate(self._entries.values()):
+            entry.row = new_row
+        self.capacity = capacity
+        self._free = list(range(capacity - 1, len(keep) - 1, -1))
+        return keep
+
+
+def _pairs(row: int, tokens: Sequence[int]) -> np.ndarray:
+    ids = np.asarray(tokens, dtype=np.int64)
+    return np.stack([np.full(len(ids), row, dtype=np.int64), ids])
+
+
+def _cat(parts: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(parts, axis=1) if parts else _NO_PAIRS
+
+
+def _stop_and_bias(requests: Sequence[Request], params: Sequence[SamplingParams]):
+    """(sampled row, stop token) pairs of rows below min_new_tokens; (sampled row, token) pairs and values
+    of logit biases. O(rows + their stop tokens and biases)."""
+    blocked, biased, bias = [], [], []
+    for i, (req, p) in enumerate(zip(requests, params)):
+        if p.min_new_tokens and blocks_stop_tokens(req, p):
+            blocked.append(_pairs(i, p.stop_token_ids))
+        for token, value in p.logit_bias:
+            biased.append((i, token))
             bias.append(value)
-        if blocks_stop_tokens(req, params[i]):
-            stop_ids.append(np.asarray(params[i].stop_token_ids, dtype=np.int64))
-            stop_row.append(np.full(len(params[i].stop_token_ids), j, dtype=np.int64))
-        if not counts_tokens(params[i]):     # a logit bias or min_new_tokens only: no tokens to count
-            continue
-        generated = np.asarray(req.output_ids, dtype=np.int64)
-        out_ids.append(generated)
-        out_row.append(np.full(len(generated), j, dtype=np.int64))
-        if params[i].repetition_penalty != 1:
-            prompt = np.asarray(req.input_ids, dtype=np.int64)
-            in_ids.append(prompt)
-            in_row.append(np.full(len(prompt), j, dtype=np.int64))
-    cat = lambda parts: np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)   # noqa: E731
-    pick = lambda name: np.asarray([getattr(params[i], name) for i in rows], dtype=np.float32)   # noqa: E731
-    return PenaltyInputs(np.asarray(rows, dtype=np.int64), pick("frequency_penalty"), pick("presence_penalty"),
-                         pick("repetition_penalty"), cat(out_ids), cat(out_row), cat(in_ids), cat(in_row),
-                         cat(stop_ids), cat(stop_row), np.asarray(bias_ids, dtype=np.int64),
-                         np.asarray(bias_row, dtype=np.int64), np.asarray(bias, dtype=np.float32))
+    pairs = np.asarray(biased, dtype=np.int64).reshape(-1, 2).T
+    return _cat(blocked), np.ascontiguousarray(pairs), np.asarray(bias, dtype=np.float32)
 
 
-def apply_penalties(logits: torch.Tensor, pen: PenaltyInputs,
-                    resolve: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """logits [S, V] float -> a penalised copy. `resolve` maps placeholder ids (< 0) to the tokens the
-    steps in flight sampled (the future ring)."""
-    device, vocab = logits.device, logits.shape[1]
-    put = lambda a: torch.from_numpy(a).to(device, non_blocking=True)   # noqa: E731
-    rows = put(pen.rows)
-    sub = logits.index_select(0, rows).float()                                       # [P, V]
-    if pen.output_ids.size or pen.prompt_ids.size:           # some row counts the tokens it has seen
-        counts = torch.zeros_like(sub)                                               # [P, V]
-        if pen.output_ids.size:
-            ids = resolve(put(pen.output_ids)).clamp_(0, vocab - 1)                  # [N_out]
-            counts.index_put_((put(pen.output_row), ids), torch.ones_like(ids, dtype=sub.dtype), accumulate=True)
-        sub = sub - put(pen.frequency)[:, None] * counts - put(pen.presence)[:, None] * (counts > 0).to(sub.dtype)
-        if (pen.repetition != 1).any():
-            seen = counts > 0                                                        # [P, V]
-            if pen.prompt_ids.size:
-                seen[put(pen.prompt_row), put(pen.prompt_ids).clamp_(0, vocab - 1)] = True
-            rep = put(pen.repetition)[:, None]                                       # [P, 1]
-            sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
-    if pen.bias_ids.size:
-        sub.index_put_((put(pen.bias_row), put(pen.bias_ids).clamp_(0, vocab - 1)), put(pen.bias), accumulate=True)
-    if pen.blocked_ids.size:
-        sub[put(pen.blocked_row), put(pen.blocked_ids).clamp_(0, vocab - 1)] = float("-inf")
-    out = logits.float().clone()
-    out[rows] = sub
-    return out
+class PenaltyCounts:
+    """Device half (every rank): counts [R, V] float32 of each row's output tokens, and in_prompt [R, V]
+    bool of its prompt tokens (rows with a repetition penalty). No tensor while no row is held."""
+
+    def __init__(self, device: str | torch.device) -> None:
+        self.device = torch.device(device)
+        self.counts: torch.Tensor | None = None       # [R, V] float32
+        self.in_prompt: torch.Tensor | None = None    # [R, V] bool
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.counts is None else self.counts.shape[0]
+
+    def apply(self, logits: torch.Tensor, pen: PenaltyInputs,
+              resolve: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """logits [S, V] -> a penalised float copy (or logits itself when no row's logits change), after
+        this step's resize and rebuilds. `resolve` maps placeholder ids (< 0) to the tokens the steps in
+        flight sampled (the future ring)."""
+        self._resize(pen, logits.shape[1])
+        self._rebuild(pen, resolve)
+        if not pen.touches_logits:
+            return logits
+        vocab = logits.shape[1]
+        out = logits.float().clone()                                                 # [S, V]
+        if pen.counted.shape[1]:
+            counted, weights = self._put(pen.counted), self._put(pen.weights)        # [2, C], [3, C]
+            counts = self.counts.index_select(0, counted[1])                         # [C, V]
+            sub = out.index_select(0, counted[0])                                    # [C, V]
+            sub = sub - weights[0, :, None] * counts - weights[1, :, None] * (counts > 0).float()
+            if (pen.weights[2] != 1).any():
+                seen = (counts > 0) | self.in_prompt.index_select(0, counted[1])      # [C, V]
+                rep = weights[2, :, None]                                            # [C, 1]
+                sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
+            out.index_copy_(0, counted[0], sub)
+        if pen.biased.shape[1]:
+            biased = self._put(pen.biased)
+            out.index_put_((biased[0], biased[1].clamp(0, vocab - 1)), self._put(pen.bias), accumulate=True)
+        if pen.blocked.shape[1]:
+            blocked = self._put(pen.blocked)
+            out[blocked[0], blocked[1].clamp(0, vocab - 1)] = float("-inf")
+        return out
+
+    def cumulate(self, pen: PenaltyInputs, token_ids: torch.Tensor) -> None:
+        """After sampling: each counting row's sampled token (token_ids [S] on the device, no sync) joins
+        its request's counts (SGLang's _cumulate_output_tokens)."""
+        if not pen.counted.shape[1]:
+            return
+        counted = self._put(pen.counted)                                             # [2, C]
+        tokens = token_ids.index_select(0, counted[0]).clamp(0, self.counts.shape[1] - 1)
+        self.counts.index_put_((counted[1], tokens), torch.ones_like(tokens, dtype=torch.float32),
+                               accumulate=True)
+
+    def _resize(self, pen: PenaltyInputs, vocab: int) -> None:
+        if pen.keep_rows is not None:
+            if pen.capacity == 0:
+                self.counts = self.in_prompt = None
+            else:
+                width = vocab if self.counts is None else self.counts.shape[1]
+                counts = torch.zeros(pen.capacity, width, dtype=torch.float32, device=self.device)
+                in_prompt = torch.zeros(pen.capacity, width, dtype=torch.bool, device=self.device)
+                if pen.keep_rows.size:
+                    keep = self._put(pen.keep_rows)
+                    counts[:len(keep)] = self.counts.index_select(0, keep)
+                    in_prompt[:len(keep)] = self.in_prompt.index_select(0, keep)
+                self.counts, self.in_prompt = counts, in_prompt
+        if pen.capacity != self.capacity:
+            raise RuntimeError(f"penalty state holds {self.capacity} rows, the step expects {pen.capacity}")
+
+    def _rebuild(self, pen: PenaltyInputs, resolve: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        if not pen.reset_rows.size:
+            return
+        vocab = self.counts.shape[1]
+        reset = self._put(pen.reset_rows)
+        self.counts.index_fill_(0, reset, 0.0)
+        self.in_prompt.index_fill_(0, reset, False)
+        if pen.output_tokens.shape[1]:
+            pairs = self._put(pen.output_tokens)                                     # [2, N]
+            tokens = resolve(pairs[1]).clamp_(0, vocab - 1)
+            self.counts.index_put_((pairs[0], tokens), torch.ones_like(tokens, dtype=torch.float32),
+                                   accumulate=True)
+        if pen.prompt_tokens.shape[1]:
+            pairs = self._put(pen.prompt_tokens)
+            self.in_prompt[pairs[0], pairs[1].clamp(0, vocab - 1)] = True
+
+    def _put(self, array: np.ndarray) -> torch.Tensor:
+        return _to_device(np.ascontiguousarray(array), self.device)
