@@ -16,7 +16,7 @@ from runtime.core.cache.radix_cache import RadixCache
 from runtime.core.hardware import HardwareSpec
 from runtime.core.kv_manager import KVManager
 from runtime.core.layout import ParallelLayout, kv_capacity_tokens
-from runtime.core.graph_grids import PIECEWISE_DEFAULT_MAX_TOKENS
+from runtime.core.graph_grids import PIECEWISE_DEFAULT_MAX_TOKENS, capture_batch_sizes
 from runtime.core.memory_budget import check_fits, runtime_memory
 from runtime.core.model_spec import ModelSpec
 from runtime.core.scheduler import Scheduler
@@ -54,10 +54,21 @@ def dp_attention_active(layout: ParallelLayout) -> bool:
     return layout.dp_attention and layout.dp > 1
 
 
-def dp_attention_runs_eagerly(cfg: DictConfig) -> bool:
-    """Active DP attention runs without CUDA graphs in mode=real (a captured graph would fix every
-    rank's padded token count); the simulator prices its steps eagerly too."""
-    return dp_attention_active(build_layout(cfg))
+def graph_max_batch_size(cfg: DictConfig) -> int:
+    """`real.cuda_graph_max_bs`, or (null) every decode batch the scheduler may run."""
+    value = cfg.real.get("cuda_graph_max_bs")
+    return int(value) if value is not None else int(cfg.scheduler.max_running_requests)
+
+
+def decode_graph_batch_sizes(cfg: DictConfig) -> list[int]:
+    """The decode batch sizes mode=real captures as CUDA graphs on a GPU, ascending ([]: none, with
+    `real.cuda_graph` or `real.fast_path` off), as runtime/engine/build_runner.py asks the runner for
+    them. Under DP attention every rank of a step replays one of them, chosen by
+    runtime.dp_attention_graphs; the simulator prices the step with the same sizes and rule."""
+    real = cfg.get("real")
+    if real is None or not (real.get("fast_path") and real.get("cuda_graph")):
+        return []
+    return capture_batch_sizes(graph_max_batch_size(cfg))
 
 
 def piecewise_graph_tokens(cfg: DictConfig) -> int:
@@ -67,7 +78,7 @@ def piecewise_graph_tokens(cfg: DictConfig) -> int:
     real = cfg.get("real")
     if real is None or not (real.get("fast_path") and real.get("cuda_graph") and real.get("piecewise_cuda_graph")):
         return 0
-    if int(cfg.get("tp", 1)) > 1 or dp_attention_runs_eagerly(cfg):   # captured on one GPU per replica only
+    if int(cfg.get("tp", 1)) > 1:          # captured on one GPU per replica only (DP attention: tp >= dp > 1)
         return 0
     if real.get("piecewise_cuda_graph_max_tokens") is not None:
         return int(real.piecewise_cuda_graph_max_tokens)

@@ -8,18 +8,18 @@ from typing import Callable
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from runtime.build import dp_attention_runs_eagerly, piecewise_graph_tokens
+from runtime.build import decode_graph_batch_sizes, piecewise_graph_tokens
 from runtime.core.batch import StepPlan
 from sim.costmodel.base import CostModel, StepShape
 
 
 def runtime_graph_limits(cfg: DictConfig) -> dict:
     """The runtime's CUDA-graph limits for a cost model that leaves them open (null): the largest
-    decode graph (`real.cuda_graph_max_bs`; 0 under DP attention, which runs eagerly) and the largest
-    piecewise-graph step (0: none), as the runtime decides them (runtime.build)."""
+    decode graph (`real.cuda_graph_max_bs`) and the largest piecewise-graph step (0: none), as the
+    runtime decides them (runtime.build)."""
     limits = {}
     if "cuda_graph_max_bs" in cfg.costmodel and cfg.costmodel.cuda_graph_max_bs is None:
-        limits["cuda_graph_max_bs"] = 0 if dp_attention_runs_eagerly(cfg) else cfg.real.get("cuda_graph_max_bs")
+        limits["cuda_graph_max_bs"] = cfg.real.get("cuda_graph_max_bs")
     if "piecewise_max_tokens" in cfg.costmodel and cfg.costmodel.piecewise_max_tokens is None:
         limits["piecewise_max_tokens"] = piecewise_graph_tokens(cfg)
     return limits
@@ -37,7 +37,9 @@ def dp_attention_cost_model(cfg: DictConfig, core):
     """The step cost of a DP-attention layout (sim.costmodel.dp_attention), for mode=sim and for the
     predictions mode=real records. Its parts (attention on attention_tp GPUs, the MLP on all of them)
     need per-op costs, which a profile of whole one-GPU steps does not split: `costmodel=auto` prices
-    them with its roofline, `costmodel=profiled` is refused."""
+    them with its roofline, `costmodel=profiled` is refused. Decode steps are priced as replays of the
+    graph size the runtime's ranks agree on (runtime.dp_attention_graphs) over the sizes it captures
+    (runtime.build.decode_graph_batch_sizes), unless the cost model sets its own graph limit."""
     from sim.costmodel.dp_attention import DPAttentionCostModel
 
     node = cfg.costmodel
@@ -47,7 +49,9 @@ def dp_attention_cost_model(cfg: DictConfig, core):
         raise ValueError("costmodel=profiled prices whole one-GPU steps; dp_attention needs per-op costs: "
                          "use costmodel=auto, roofline or roofline_fitted")
     make_cost_model = functools.partial(instantiate(node), **runtime_graph_limits(cfg))
-    return DPAttentionCostModel(make_cost_model, core.model, core.hardware, core.layout)
+    follows_runtime = "cuda_graph_max_bs" in node and node.cuda_graph_max_bs is None
+    sizes = decode_graph_batch_sizes(cfg) if follows_runtime else None
+    return DPAttentionCostModel(make_cost_model, core.model, core.hardware, core.layout, graph_batch_sizes=sizes)
 
 
 def step_predictor(cost_model: CostModel, overlap: bool) -> Callable[[StepPlan], float]:

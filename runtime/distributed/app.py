@@ -16,8 +16,9 @@ requests are routed on the wall clock as they arrive, each replica reports reque
 of the ranks; node 0 holds the leader and writes the records). DP attention (`dp_attention=true`, MLA
 models): the dp replicas are attention ranks inside the tp GPUs, each led by its attention TP leader
 with the router in front as for dp; their leaders step in lockstep (runtime.distributed.lockstep) and
-the MLP/MoE runs over all tp GPUs on every rank's tokens (runtime.distributed.dp_attention). It runs
-eagerly: CUDA graphs are off (a captured graph would fix every rank's padded token count).
+the MLP/MoE runs over all tp GPUs on every rank's tokens (runtime.distributed.dp_attention). Decode
+steps replay CUDA graphs captured at the padded per-rank row count: each round every GPU replays the
+size its leaders agreed on (runtime.dp_attention_graphs), and steps with a prefill run eagerly.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ import pandas as pd
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from runtime.build import CoreComponents, build_core, check_workload_fits, dp_attention_active, dp_attention_runs_eagerly
+from runtime.build import CoreComponents, build_core, check_workload_fits, dp_attention_active
 from runtime.core.request import RequestSpec
 from runtime.distributed.groups import RankInfo
 from runtime.distributed.launch import RankProcesses, free_port
@@ -92,13 +93,10 @@ def node_plan(cfg: DictConfig, core: CoreComponents) -> NodePlan:
 
 
 def resolved_config(cfg: DictConfig, out_dir: str | Path | None) -> dict:
-    """The config as plain data for the ranks (they have no Hydra context to resolve `${hydra:...}`).
-    DP attention runs eagerly: CUDA graphs off, and no decode batch priced as a graph replay."""
+    """The config as plain data for the ranks (they have no Hydra context to resolve `${hydra:...}`)."""
     cfg = cfg.copy()
     OmegaConf.set_struct(cfg, False)
     cfg.output_dir = str(out_dir) if out_dir is not None else str(cfg.output_dir)
-    if dp_attention_runs_eagerly(cfg):
-        cfg.real.cuda_graph, cfg.real.piecewise_cuda_graph, cfg.real.cuda_graph_max_bs = False, False, 0
     return OmegaConf.to_container(cfg, resolve=True)
 
 
@@ -241,7 +239,8 @@ def run_real_distributed(cfg: DictConfig, out_dir: str | Path | None = None) -> 
     dp = core_layout.dp
     requests, steps = merged_records(results, dp)
     summary = summarize(requests, steps, mode="real", wall_time_s=time.perf_counter() - wall_start)
-    facts = {k: v for k, v in results[0].facts.items() if k not in ("idle_steps", "lockstep_rounds")}
+    facts = {k: v for k, v in results[0].facts.items()
+             if k not in ("idle_steps", "lockstep_rounds", "graph_steps", "graph_replays")}
     summary.update(facts, leaked_kv_slots=sum(r.facts["leaked_kv_slots"] for r in results.values()),
                    load_time_s=max(r.facts["load_time_s"] for r in results.values()),
                    step_prediction_error=step_prediction_error(steps))
@@ -259,11 +258,12 @@ def run_real_distributed(cfg: DictConfig, out_dir: str | Path | None = None) -> 
         if dp_attention_active(core_layout):     # rounds every leader joined; idle: its MLP share only
             summary["dp"]["idle_steps_per_replica"] = [results[r].facts["idle_steps"] for r in range(dp)]
             summary["dp"]["lockstep_rounds"] = results[0].facts["lockstep_rounds"]
-            summary["dp"]["cuda_graph"] = False       # eager: graphs would fix the padded counts
+            # rounds every GPU replayed one decode graph (padded to the agreed size), per attention rank
+            summary["dp"]["graph_steps_per_replica"] = [results[r].facts["graph_steps"] for r in range(dp)]
     # the stall check ran on every leader (RealDriver.serve); leaked slots come summed from their facts
     publish(cfg, out_dir, requests, steps, summary,
             note=f"tp={core_layout.tp} ep={core_layout.ep} dp={dp}"
-                 f"{' dp_attention (eager)' if dp_attention_active(core_layout) else ''}: {len(pids)} ranks ({facts['device']} on rank 0)"
+                 f"{' dp_attention' if dp_attention_active(core_layout) else ''}: {len(pids)} ranks ({facts['device']} on rank 0)"
                  + (f"  router={summary['dp']['router']}  requests per replica {summary['dp']['requests_per_replica']}"
                     if dp > 1 else ""))
     return summary

@@ -5,6 +5,11 @@ padded gather, its shapes price the step as the simulator does. A leader with no
 joins every round; when another rank runs, it runs its idle step (its MLP share of their tokens, as
 SGLang's idle batch), and the run ends in the round where every rank reports done. The rest of an
 attention TP group hears of each round through its leader's step broadcast (RankStep).
+
+From the same shapes every leader derives the same decode graph for the round
+(runtime.dp_attention_graphs): when no rank extends and the largest decode batch fits a captured size P,
+every GPU replays the graph of size P (fewer requests padded to it, an idle rank P padding rows); else
+every GPU runs the step eagerly.
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ import torch.distributed as dist
 
 from runtime.core.batch import StepPlan
 from runtime.core.request import Request
+from runtime.dp_attention_graphs import dp_attention_graph_bs
 from runtime.request_source import RequestSource
 from sim.costmodel.base import StepShape
 
@@ -27,18 +33,25 @@ class RankStep:
 
     inputs: Any                # the runner's StepInputs; None: the idle step
     step_tokens: list[int]     # every attention rank's tokens this step
+    graph_bs: int | None = None   # the decode graph every GPU replays (None: eager)
 
 
 class Lockstep:
     """One leader's side of the rounds. `exchange`: the model's PaddedTokenExchange (its step token
-    counts are set here); `model`: the rank's CausalLM (its idle step); `channel`: the StepChannel to
-    the rest of its attention TP group (None: the group is this GPU alone)."""
+    counts are set here); `runner`: the rank's ModelRunner (the round's decode graph is set on it, and
+    it runs the idle step); `channel`: the StepChannel to the rest of its attention TP group (None: the
+    group is this GPU alone)."""
 
-    def __init__(self, group, num_ranks: int, exchange, model, channel=None) -> None:
+    def __init__(self, group, num_ranks: int, exchange, runner, channel=None) -> None:
         self.group, self.num_ranks = group, num_ranks
-        self.exchange, self.model, self.channel = exchange, model, channel
+        self.exchange, self.runner, self.channel = exchange, runner, channel
+        graphs = runner.graphs          # the same captured sizes on every rank (same config)
+        self.graph_sizes = list(graphs.batch_sizes) if graphs is not None else []
+        self.graph_max_kv_tokens = graphs.max_kv_tokens if graphs is not None else None
+        runner.set_step_graph(None)     # from now on the runner replays only what the ranks agree on
         self.rounds = 0
         self.idle_steps = 0
+        self.graph_steps = 0            # rounds this rank ran (a step or its idle step) as a graph replay
 
     def _round(self, shape: StepShape | None, done: bool) -> list[tuple[StepShape | None, bool]]:
         entries: list = [None] * self.num_ranks
@@ -46,24 +59,32 @@ class Lockstep:
         self.rounds += 1
         return entries
 
+    def _set_step(self, shapes: list[StepShape]) -> int | None:
+        """The exchange's token counts and the runner's decode graph for the round; returns the graph size."""
+        self.exchange.set_step_tokens([s.num_tokens for s in shapes])
+        graph_bs = dp_attention_graph_bs(shapes, self.graph_sizes, self.graph_max_kv_tokens)
+        self.runner.set_step_graph(graph_bs)
+        self.graph_steps += graph_bs is not None
+        return graph_bs
+
     def agree(self, shape: StepShape) -> list[StepShape]:
         """A round in which this rank runs `shape`: every rank's shape (StepShape() for an idle one),
-        and the exchange set to their token counts."""
+        the exchange set to their token counts and the runner to the round's decode graph."""
         shapes = [s if s is not None else StepShape() for s, _ in self._round(shape, False)]
-        self.exchange.set_step_tokens([s.num_tokens for s in shapes])
+        self._set_step(shapes)
         return shapes
 
     def idle_round(self, done: bool) -> tuple[bool, bool]:
         """A round in which this rank has nothing to run (`done`: and never will). Returns (every rank
         is done, another rank ran a step -- this one ran its idle step with it)."""
         entries = self._round(None, done)
-        tokens = [s.num_tokens if s is not None else 0 for s, _ in entries]
-        if not any(tokens):
+        shapes = [s if s is not None else StepShape() for s, _ in entries]
+        if not any(s.num_tokens for s in shapes):
             return all(d for _, d in entries), False
-        self.exchange.set_step_tokens(tokens)
+        graph_bs = self._set_step(shapes)
         if self.channel is not None:
-            self.channel.send(RankStep(None, tokens))
-        self.model.idle_step()
+            self.channel.send(RankStep(None, self.exchange.step_tokens, graph_bs))
+        self.runner.idle_step()
         self.idle_steps += 1
         return False, True
 
@@ -78,7 +99,7 @@ class LockstepExecutor:
         self._shapes: dict[int, list[StepShape]] = {}     # id(plan) -> the round's shapes, until predicted
         if lockstep.channel is not None:
             runner.step_sender = lambda inputs: lockstep.channel.send(
-                RankStep(inputs, lockstep.exchange.step_tokens))
+                RankStep(inputs, lockstep.exchange.step_tokens, runner.step_graph_bs))
 
     def clock_origin(self):
         return self.runner.clock_origin()

@@ -128,7 +128,7 @@ def _run_rank(task: RankTask) -> LeaderResult | dict:
         return {"steps": follow(runner, channel, exchange)}
     lockstep = None
     if exchange is not None:
-        lockstep = Lockstep(groups.leaders_group, info.dp, exchange, runner.model, channel)
+        lockstep = Lockstep(groups.leaders_group, info.dp, exchange, runner, channel)
     elif channel is not None:
         runner.step_sender = channel.send
     try:
@@ -141,10 +141,13 @@ def _run_rank(task: RankTask) -> LeaderResult | dict:
 def follow(runner, channel, exchange=None) -> int:
     """A rank of a TP (or attention TP) group other than its leader: run every step the leader
     broadcasts, until STOP. Under DP attention a step carries every attention rank's token counts
-    (set on the model's `exchange`), or none of this group's own (the idle step)."""
+    (set on the model's `exchange`) and the decode graph the ranks agreed on (set on the runner), and
+    none of this group's own tokens for the idle step."""
     from runtime.distributed.lockstep import RankStep
     from runtime.distributed.step_channel import KEEPALIVE, STOP
 
+    if exchange is not None:
+        runner.set_step_graph(None)        # replay only what the ranks agree on
     steps = 0
     while True:
         message = channel.recv()
@@ -154,8 +157,9 @@ def follow(runner, channel, exchange=None) -> int:
             continue
         if isinstance(message, RankStep):
             exchange.set_step_tokens(message.step_tokens)
+            runner.set_step_graph(message.graph_bs)
             if message.inputs is None:
-                runner.model.idle_step()
+                runner.idle_step()
                 continue
             message = message.inputs
         runner.run(message)
@@ -202,11 +206,15 @@ def lead(task: RankTask, cfg, core, runner, channel, ready, lockstep=None) -> Le
         source = LockstepSource(source, lockstep, core.scheduler.has_work)
     if channel is not None:
         source = KeepAliveSource(source, lambda: channel.send(KEEPALIVE), info.timeout_s / 4)
+    replays_before = runner.graphs.num_replays if runner.graphs is not None else 0   # warm-up's
     outcome = driver.serve(source, total=total)
+    replays = runner.graphs.num_replays - replays_before if runner.graphs is not None else 0
     facts = dict(kv_capacity_tokens=core.kv_capacity_tokens, load_time_s=runner.load_time_s,
-                 warmup_s=runner.warmup_s, device=str(runner.device), leaked_kv_slots=leaked_slots(core.scheduler))
+                 warmup_s=runner.warmup_s, device=str(runner.device), leaked_kv_slots=leaked_slots(core.scheduler),
+                 graph_replays=replays)
     if lockstep is not None:
-        facts.update(lockstep_rounds=lockstep.rounds, idle_steps=lockstep.idle_steps)
+        facts.update(lockstep_rounds=lockstep.rounds, idle_steps=lockstep.idle_steps,
+                     graph_steps=lockstep.graph_steps)
     outputs = ({r.rid: list(r.output_ids) for r in outcome.requests}
                if task.collect_output_ids else None)
     return LeaderResult(info.replica, requests_frame(outcome.requests), steps_frame(outcome.steps), facts, outputs)

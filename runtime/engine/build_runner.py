@@ -7,7 +7,7 @@ import time
 
 from omegaconf import DictConfig
 
-from runtime.build import CoreComponents, piecewise_graph_tokens
+from runtime.build import CoreComponents, graph_max_batch_size, piecewise_graph_tokens  # noqa: F401 (re-exported)
 from runtime.distributed.sharding import SINGLE, ModelParallel
 from runtime.engine.fast_path import FastPathConfig
 from runtime.engine.model_runner import ModelRunner, resolve_device
@@ -19,12 +19,6 @@ def load_format(cfg: DictConfig, path: str | None) -> str:
     if cfg.real.load_format != "auto":
         return cfg.real.load_format
     return "safetensors" if path else "dummy"
-
-
-def graph_max_batch_size(cfg: DictConfig) -> int:
-    """`real.cuda_graph_max_bs`, or (null) every decode batch the scheduler may run."""
-    value = cfg.real.get("cuda_graph_max_bs")
-    return int(value) if value is not None else int(cfg.scheduler.max_running_requests)
 
 
 def moe_kernel_token_counts(model, max_tokens: int) -> list[int]:

@@ -5,6 +5,9 @@ attention on the host, replay, and hand back the real rows' logits.
 Legend: B = real sequences, P = padded batch (a captured size), K = KV tokens attended (sum of seq_lens),
 V = vocab. Padding rows are decode tokens of one KV token each, stored at and reading `dummy_slot` (a slot
 the core's allocator never hands out), so they cannot disturb real slots; their logits are dropped.
+Under DP attention every rank of a step replays the same size, agreed between them
+(runtime.dp_attention_graphs): the token exchange inside the graph is captured at P rows per rank, and a
+rank without requests that step replays P padding rows (`replay_idle`).
 Nothing in the captured region may sync with the host: attention is FlashInfer/Triton over static
 indptr/indices, MoE is the Triton fused MoE (routing is softmax/sigmoid + top-k: static shapes, no sync).
 """
@@ -107,6 +110,7 @@ class CudaGraphRunner:
         self.backend = make_graph_backend(model, shape.dtype, device, max_bs, max_kv_tokens, kernel)
         self.logits = torch.zeros(max_bs, model.config.vocab_size, dtype=torch.float32, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.num_replays = 0          # replays so far (warm-up included)
         self._batches: dict[int, ForwardBatch] = {}
         self.mempool = torch.cuda.graph_pool_handle()
         self._capture_all(progress)
@@ -149,14 +153,23 @@ class CudaGraphRunner:
         torch.cuda.synchronize(self.device)
 
     # -- replay ----------------------------------------------------------------------------
+    @property
+    def max_kv_tokens(self) -> int:
+        return self.inputs.max_kv_tokens
+
     def bucket(self, fb: ForwardBatch) -> int | None:
         """The captured size this batch replays with, or None (not all decode, too large, too much KV)."""
         if not fb.all_decode:
             return None
         bs = padded_size(fb.batch_size, self.batch_sizes)
-        if bs is None or not self.inputs.fits(fb, bs):
+        if bs is None or not self.accepts(fb, bs):
             return None
         return bs
+
+    def accepts(self, fb: ForwardBatch, bs: int) -> bool:
+        """Whether decode batch fb can replay the graph of captured size bs (padded up to it)."""
+        return (bs in self.graphs and fb.all_decode and fb.batch_size <= bs
+                and self.inputs.fits(fb, bs))
 
     @torch.no_grad()
     def replay(self, fb: ForwardBatch, bs: int) -> torch.Tensor:
@@ -164,4 +177,13 @@ class CudaGraphRunner:
         next replay."""
         self._plan(bs, self.inputs.fill(fb, bs))
         self.graphs[bs].replay()
+        self.num_replays += 1
         return self.logits[:fb.batch_size]
+
+    @torch.no_grad()
+    def replay_idle(self, bs: int) -> None:
+        """DP attention: a step with no sequence of this rank while others decode -- the graph of size bs
+        over padding rows only (its collectives pair with the other ranks' replays); logits dropped."""
+        self._plan(bs, self.inputs.fill_dummy(bs))
+        self.graphs[bs].replay()
+        self.num_replays += 1

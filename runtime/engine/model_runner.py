@@ -76,6 +76,10 @@ class ModelRunner:
         self.attn_backend = None      # FastMLABackend when the fast path is on
         self.graphs = None            # CudaGraphRunner when decode graphs are captured
         self.piecewise = None         # PiecewiseGraphRunner when extend steps replay graph pieces
+        # DP attention: the decode graph size every rank replays this step, agreed between the ranks
+        # (runtime.distributed.lockstep); None = eager. Only once `graphs_agreed` (serving) does it
+        # override the runner's own choice; warm-up runs the same forwards on every rank.
+        self.graphs_agreed, self.step_graph_bs = False, None
         if fast is not None and fast.enabled:
             self.attn_backend = enable_fast_path(self.model, config, self.dtype, self.device, fast.mla_kernel,
                                                  fast.fused_small_ops)
@@ -138,7 +142,7 @@ class ModelRunner:
                 fb.attn_backend = None
                 return self.model(fb, self.pool)
         if path == "auto" and self.graphs is not None:
-            bs = self.graphs.bucket(fb)
+            bs = self._agreed_bucket(fb) if self.graphs_agreed else self.graphs.bucket(fb)
             if bs is not None:
                 return self.graphs.replay(fb, bs)
         if path == "auto" and self.piecewise is not None:
@@ -146,6 +150,31 @@ class ModelRunner:
             if num_padded is not None:
                 return self.piecewise.replay(fb, num_padded)
         return self.model.compute_logits(self._eager_hidden_states(fb)[fb.logits_indices])
+
+    def set_step_graph(self, bs: int | None) -> None:
+        """DP attention: the decode graph size the ranks agreed on for the next step (None: every rank
+        runs it eagerly). From the first call on, `forward` and `idle_step` follow the agreed choice
+        instead of choosing by this rank's own batch: a rank that chose alone would leave the others'
+        collectives unpaired."""
+        if bs is not None and (self.graphs is None or bs not in self.graphs.graphs):
+            raise RuntimeError(f"the ranks agreed on a decode graph of {bs} rows, which this rank did not capture")
+        self.graphs_agreed, self.step_graph_bs = True, bs
+
+    def _agreed_bucket(self, fb: ForwardBatch) -> int | None:
+        bs = self.step_graph_bs
+        if bs is not None and not self.graphs.accepts(fb, bs):
+            raise RuntimeError(f"a batch of {fb.batch_size} sequences ({'decode' if fb.all_decode else 'not all decode'}, "
+                               f"{sum(fb.seq_lens_cpu)} KV tokens) cannot replay the agreed graph of {bs} rows")
+        return bs
+
+    @torch.no_grad()
+    def idle_step(self) -> None:
+        """DP attention: a step in which this rank has no tokens while others run theirs -- the agreed
+        decode graph over padding rows only, or (eager) the model's idle step (its MLP share)."""
+        if self.graphs_agreed and self.step_graph_bs is not None:
+            self.graphs.replay_idle(self.step_graph_bs)
+        else:
+            self.model.idle_step()
 
     def _eager_hidden_states(self, fb: ForwardBatch) -> torch.Tensor:
         """Final hidden states of every new token [T, H] by the eager path (`forward`'s eager branch
@@ -244,6 +273,8 @@ class ModelRunner:
         fb = self.batches.to_device(inputs.batch)
         prompt = None
         if inputs.prompt_asks is not None:    # rows besides each sequence's last: eagerly, graphs keep none
+            if self.graphs_agreed and self.step_graph_bs is not None:   # (prompts are never decode-only)
+                raise RuntimeError("a step with prompt log-probabilities cannot replay the agreed decode graph")
             hidden = self._eager_hidden_states(fb)                            # [T, H]
             logits = self.model.compute_logits(hidden[fb.logits_indices])    # [B, V]
             prompt = self.prompt_logprobs.step(inputs.prompt_asks, hidden, fb.extend_lens_cpu)

@@ -60,6 +60,7 @@ def test_static_work_runs_over_the_padded_token_count() -> None:
     (["real.piecewise_cuda_graph=false"], 0),
     (["real.cuda_graph=false"], 0),
     (["tp=2"], 0),                                         # the runtime captures them on one GPU only
+    (["model=deepseek_v2_lite", "tp=2", "dp=2", "dp_attention=true"], 0),   # DP attention: decode graphs only
     (["costmodel=roofline", "costmodel.piecewise_max_tokens=1024"], None),   # the cost model's own
 ])
 def test_limit_follows_the_runtime(overrides: list[str], expected: int | None) -> None:
@@ -69,19 +70,3 @@ def test_limit_follows_the_runtime(overrides: list[str], expected: int | None) -
         assert "piecewise_max_tokens" not in limits
     else:
         assert limits["piecewise_max_tokens"] == expected
-
-
-@pytest.mark.parametrize("overrides,decode_graph_max_bs", [
-    (["real.cuda_graph_max_bs=512"], 512),
-    (["real.cuda_graph_max_bs=512", "model=deepseek_v2_lite", "tp=2", "dp=2", "dp_attention=true"], 0),
-    (["real.cuda_graph_max_bs=512", "model=deepseek_v2_lite", "tp=2", "dp_attention=true"], 512),   # dp=1: plain tp
-])
-def test_dp_attention_is_priced_eagerly_as_the_runtime_runs_it(overrides, decode_graph_max_bs) -> None:
-    """mode=real turns CUDA graphs off for active DP attention (runtime.distributed.app.resolved_config);
-    the simulator's graph limits follow the same rule."""
-    from runtime.distributed.app import resolved_config
-
-    cfg = compose_config(["mode=sim", "costmodel=roofline"] + overrides)
-    assert runtime_graph_limits(cfg)["cuda_graph_max_bs"] == decode_graph_max_bs
-    real = resolved_config(compose_config(["mode=real"] + overrides), out_dir="/tmp")["real"]
-    assert (real["cuda_graph_max_bs"], real["cuda_graph"]) == (decode_graph_max_bs, decode_graph_max_bs > 0)
