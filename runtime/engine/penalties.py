@@ -107,11 +107,12 @@ class PenaltyBook:
             outputs.append(_pairs(entry.row, requests[i].output_ids))
             if params[i].repetition_penalty != 1:
                 prompts.append(_pairs(entry.row, requests[i].input_ids))
-        counted = np.empty((2, len(counting)), dtype=np.int64)
-        for j, i in enumerate(counting):
+        state_rows = []
+        for i in counting:
             entry = self._entries[requests[i].rid]
-            counted[:, j] = i, entry.row
+            state_rows.append(entry.row)
             entry.counted += 1                      # this step's token, added on the device after sampling
+        counted = np.asarray([counting, state_rows], dtype=np.int64).reshape(2, -1)
         blocked, biased, bias = _stop_and_bias(requests, params)
         if keep is None and not counting and not blocked.shape[1] and not biased.shape[1]:
             return None
@@ -129,10 +130,10 @@ class PenaltyBook:
         """Free the rows of requests replaced by another of the same id, ended, or back in the queue
         (stream order keeps a step in flight safe: a freed row is rebuilt only after it ran)."""
         for rid, entry in list(self._entries.items()):
-            req = entry.request
-            current = in_step.get(rid)
-            gone = req.is_finished or req.status is RequestStatus.WAITING
-            if (current is not None and current is not req) or (current is None and gone):
+            req, current = entry.request, in_step.get(rid)
+            if current is req:
+                continue
+            if current is not None or req.is_finished or req.status is RequestStatus.WAITING:
                 self._free.append(self._entries.pop(rid).row)
 
     def _build(self, req: Request) -> _Entry:
@@ -174,12 +175,13 @@ def _stop_and_bias(requests: Sequence[Request], params: Sequence[SamplingParams]
     """(sampled row, stop token) pairs of rows below min_new_tokens; (sampled row, token) pairs and values
     of logit biases. O(rows + their stop tokens and biases)."""
     blocked, biased, bias = [], [], []
-    for i, (req, p) in enumerate(zip(requests, params)):
-        if p.min_new_tokens and blocks_stop_tokens(req, p):
+    for i, p in enumerate(params):
+        if p.min_new_tokens and blocks_stop_tokens(requests[i], p):
             blocked.append(_pairs(i, p.stop_token_ids))
-        for token, value in p.logit_bias:
-            biased.append((i, token))
-            bias.append(value)
+        if p.logit_bias:
+            for token, value in p.logit_bias:
+                biased.append((i, token))
+                bias.append(value)
     pairs = np.asarray(biased, dtype=np.int64).reshape(-1, 2).T
     return _cat(blocked), np.ascontiguousarray(pairs), np.asarray(bias, dtype=np.float32)
 
@@ -192,6 +194,7 @@ class PenaltyCounts:
         self.device = torch.device(device)
         self.counts: torch.Tensor | None = None       # [R, V] float32
         self.in_prompt: torch.Tensor | None = None    # [R, V] bool
+        self._counted: tuple[PenaltyInputs, torch.Tensor] | None = None   # this step's rows, copied once
 
     @property
     def capacity(self) -> int:
@@ -209,7 +212,7 @@ class PenaltyCounts:
         vocab = logits.shape[1]
         out = logits.float().clone()                                                 # [S, V]
         if pen.counted.shape[1]:
-            counted, weights = self._put(pen.counted), self._put(pen.weights)        # [2, C], [3, C]
+            counted, weights = self._counted_rows(pen), self._put(pen.weights)       # [2, C], [3, C]
             counts = self.counts.index_select(0, counted[1])                         # [C, V]
             sub = out.index_select(0, counted[0])                                    # [C, V]
             sub = sub - weights[0, :, None] * counts - weights[1, :, None] * (counts > 0).float()
@@ -231,7 +234,7 @@ class PenaltyCounts:
         its request's counts (SGLang's _cumulate_output_tokens)."""
         if not pen.counted.shape[1]:
             return
-        counted = self._put(pen.counted)                                             # [2, C]
+        counted = self._counted_rows(pen)                                            # [2, C]
         tokens = token_ids.index_select(0, counted[0]).clamp(0, self.counts.shape[1] - 1)
         self.counts.index_put_((counted[1], tokens), torch.ones_like(tokens, dtype=torch.float32),
                                accumulate=True)
@@ -267,6 +270,11 @@ class PenaltyCounts:
         if pen.prompt_tokens.shape[1]:
             pairs = self._put(pen.prompt_tokens)
             self.in_prompt[pairs[0], pairs[1].clamp(0, vocab - 1)] = True
+
+    def _counted_rows(self, pen: PenaltyInputs) -> torch.Tensor:
+        if self._counted is None or self._counted[0] is not pen:
+            self._counted = pen, self._put(pen.counted)
+        return self._counted[1]
 
     def _put(self, array: np.ndarray) -> torch.Tensor:
         return _to_device(np.ascontiguousarray(array), self.device)
