@@ -130,7 +130,9 @@ class SimExecutor:
         num_reqs = len(plan.items)
         context0 = sum(it.context_tokens for it in plan.items) if context_tokens is None else context_tokens
         context = context0 + num_reqs * np.arange(first_step, num_steps, dtype=np.int64)   # [k]
-        shared = shared_prefix_tokens(it.request for it in plan.items)      # the batch's: constant over the run
+        shared = plan.decode_shared_tokens           # the batch's: constant over the run
+        if shared is None:
+            shared = shared_prefix_tokens(it.request for it in plan.items)
         return self.cost_model.decode_times_s(num_reqs, context, shared)
 
     def decode_tokens(self, plan: StepPlan, num_steps: int) -> list[list[int]]:

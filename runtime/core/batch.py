@@ -45,6 +45,9 @@ class StepPlan:
     items: list[ScheduledItem]
     num_cache_hit_tokens: int = 0          # radix-cache hits of requests admitted this step
     retracted_rids: list[str] = field(default_factory=list)
+    # of the decode items' cached prefixes, the tokens read again (shared_prefix_tokens of their requests),
+    # as the scheduler counted them when it made the plan; None: count them from the items
+    decode_shared_tokens: int | None = None
 
     @property
     def batch_size(self) -> int:

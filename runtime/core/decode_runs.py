@@ -12,6 +12,7 @@ import numpy as np
 from runtime.core.batch import ForwardMode, StepPlan
 from runtime.core.cache.radix_cache import MatchResult
 from runtime.core.request import Request
+from runtime.core.shared_prefix import SharedPrefixCount
 
 if TYPE_CHECKING:
     from runtime.core.scheduler import Scheduler
@@ -144,14 +145,18 @@ class DecodeRuns:
         cuts = np.unique(last_step[(last_step >= 1) & (last_step < num_steps)]).tolist()
         return self._groups(plan, last_step, contexts, cuts)
 
-    @staticmethod
-    def _groups(plan: StepPlan, last_step: np.ndarray, contexts: np.ndarray, cuts: list[int]) -> Iterator[DecodeGroup]:
+    def _groups(self, plan: StepPlan, last_step: np.ndarray, contexts: np.ndarray, cuts: list[int]) -> Iterator[DecodeGroup]:
         yield DecodeGroup(0, plan, int(contexts.sum()))
         items, lasts = plan.items, last_step.tolist()
+        shared: SharedPrefixCount | None = None         # made at the first cut (a run without one needs none)
         for s in cuts:                                      # the batch of steps s+1.. (0-based s)
+            if shared is None:
+                shared = SharedPrefixCount([it.request for it in items], (), self.sched.kv.cache)
+            shared.remove(items[i].request for i, last in enumerate(lasts) if last <= s)
             kept = [i for i, last in enumerate(lasts) if last > s]
             items, lasts = [items[i] for i in kept], [lasts[i] for i in kept]
-            yield DecodeGroup(s, StepPlan(plan.step_id, ForwardMode.DECODE, items), int(contexts[last_step > s].sum()))
+            group = StepPlan(plan.step_id, ForwardMode.DECODE, items, decode_shared_tokens=shared.tokens)
+            yield DecodeGroup(s, group, int(contexts[last_step > s].sum()))
 
     def _admission_budget(self, max_steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The PrefillBudget of each later step j = 1 .. max_steps-1 of a decode run when nothing

@@ -20,6 +20,7 @@ from runtime.core.kv_manager import KVManager
 from runtime.core.policy.base import SchedulePolicy, effective_policy
 from runtime.core.request import FinishReason, Request, RequestStatus
 from runtime.core.scheduler_config import SchedulerConfig
+from runtime.core.shared_prefix import batch_shared_prefix_tokens
 
 
 class Scheduler:
@@ -114,7 +115,7 @@ class Scheduler:
             retracted = self._make_room_for_decode(now)
             items += self._decode_items(now)
             mode = ForwardMode.MIXED if self.running else ForwardMode.EXTEND
-        return StepPlan(self.step_id, mode, items, num_cache_hit_tokens, retracted)
+        return self._count_shared_prefix(StepPlan(self.step_id, mode, items, num_cache_hit_tokens, retracted))
 
     def _admit_waiting(self, budget: PrefillBudget, admitted: list[tuple[Request, int]],
                        now: float) -> int:
@@ -187,7 +188,20 @@ class Scheduler:
         if not self.running:
             return None
         items = self._decode_items(now)
-        return StepPlan(self.step_id, ForwardMode.DECODE, items, 0, retracted)
+        return self._count_shared_prefix(StepPlan(self.step_id, ForwardMode.DECODE, items, 0, retracted))
+
+    def _count_shared_prefix(self, plan: StepPlan) -> StepPlan:
+        """Set the plan's decode_shared_tokens from the cache's lock counts (the other lock holders:
+        its prefill items and a chunked request between chunks)."""
+        decodes = [it.request for it in plan.items if it.is_decode]
+        if not decodes:
+            plan.decode_shared_tokens = 0
+            return plan
+        others = [it.request for it in plan.items if not it.is_decode]
+        if self.chunked is not None and self.chunked not in others:
+            others.append(self.chunked)
+        plan.decode_shared_tokens = batch_shared_prefix_tokens(decodes, others, self.kv.cache)
+        return plan
 
     def _decode_items(self, now: float) -> list[ScheduledItem]:
         slots = self.kv.allocate_decode(self.running, now)

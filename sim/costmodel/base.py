@@ -48,7 +48,7 @@ class StepShape:
         if plan.mode is ForwardMode.DECODE:           # one pass: every item decodes one token
             n = len(plan.items)
             return cls(num_decode_reqs=n, decode_context_tokens=sum(it.num_prefix_tokens for it in plan.items) + n,
-                       decode_shared_tokens=shared_prefix_tokens(it.request for it in plan.items))
+                       decode_shared_tokens=cls._shared_tokens(plan, plan.items))
         extends = [it for it in plan.items if not it.is_decode]
         decodes = [it for it in plan.items if it.is_decode]
         return cls(
@@ -56,8 +56,15 @@ class StepShape:
             extend_prefix_tokens=tuple(it.num_prefix_tokens for it in extends),
             num_decode_reqs=len(decodes),
             decode_context_tokens=sum(it.context_tokens for it in decodes),
-            decode_shared_tokens=shared_prefix_tokens(it.request for it in decodes),
+            decode_shared_tokens=cls._shared_tokens(plan, decodes),
         )
+
+    @staticmethod
+    def _shared_tokens(plan: StepPlan, decodes: list) -> int:
+        """The plan's decode_shared_tokens, or (a plan made elsewhere) counted from its decode items."""
+        if plan.decode_shared_tokens is not None:
+            return plan.decode_shared_tokens
+        return shared_prefix_tokens(it.request for it in decodes)
 
     @property
     def num_tokens(self) -> int:

@@ -47,3 +47,29 @@ def test_requests_without_cached_prefixes_share_nothing():
     run_to_completion(make_scheduler(cache_enabled=False), specs,
                       on_plan=lambda plan: shared.append(StepShape.from_plan(plan).decode_shared_tokens))
     assert set(shared) == {0}
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_decode_runs_count_each_batch_as_stepping_would(tmp_path, monkeypatch, overlap):
+    """Fast-forwarded decode runs shrink their batch at each finish: the shared tokens each shrunken
+    batch is priced with (counted from the cache's lock counts) equal a fresh walk of its requests,
+    and the records equal stepping's (the stored summaries of shared-prefix workloads pin the rest)."""
+    from experiments.compose import compose_config
+    from sim.app import run_sim
+    from sim.executor import SimExecutor
+
+    durations = SimExecutor.decode_durations_s
+    priced: list[int] = []
+
+    def checked(self, plan, num_steps, context_tokens=None, first_step=0):
+        assert plan.decode_shared_tokens == shared_prefix_tokens(it.request for it in plan.items)
+        if first_step:
+            priced.append(plan.decode_shared_tokens)
+        return durations(self, plan, num_steps, context_tokens, first_step)
+
+    monkeypatch.setattr(SimExecutor, "decode_durations_s", checked)
+    overrides = ["progress=false", "print_summary=false", "workload=shared_prefix", "workload.num_groups=3",
+                 "workload.prompts_per_group=12", "workload.output_len=48", "workload.range_ratio=0.5",
+                 f"overlap={overlap}"]
+    run_sim(compose_config(overrides), out_dir=tmp_path / "run")
+    assert len(priced) >= 5 and max(priced) > 0     # batches past a finish, still sharing prefixes

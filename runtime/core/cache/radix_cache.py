@@ -81,6 +81,8 @@ class RadixCache:
         self.root: TreeNode = self._new_node(None, [], np.empty(0, dtype=SLOT_DTYPE), now=0.0, priority=0)
         self._evictable_tokens = 0
         self._protected_tokens = 0
+        self._locked_path_tokens = 0     # sum over locks of the tokens root..node they pin
+        self._repeated_locked_tokens = 0  # sum over nodes of len(key) * max(lock_ref - 1, 0)
         self.num_nodes = 0  # excluding the root
         self._queue.clear()
 
@@ -93,6 +95,15 @@ class RadixCache:
 
     def total_size(self) -> int:
         return self._evictable_tokens + self._protected_tokens
+
+    def locked_path_tokens(self) -> int:
+        """Tokens pinned per lock, summed over the locks held (a token under two locks counts twice)."""
+        return self._locked_path_tokens
+
+    def repeated_locked_tokens(self) -> int:
+        """`locked_path_tokens` less the distinct locked tokens: of the prefixes the lock holders
+        pin, the tokens each holder shares with a holder counted before it."""
+        return self._repeated_locked_tokens
 
     # -- lookup and insertion ---------------------------------------------------------------
     def match_prefix(self, token_ids: Sequence[int], max_tokens: int | None = None,
@@ -231,9 +242,13 @@ class RadixCache:
         if node.evicted:
             raise ValueError(f"cannot lock {node}: it was evicted (lock right after match_prefix)")
         while node.parent is not None:
+            n = len(node.key)
             if node.lock_ref == 0:
-                self._evictable_tokens -= len(node.key)
-                self._protected_tokens += len(node.key)
+                self._evictable_tokens -= n
+                self._protected_tokens += n
+            else:
+                self._repeated_locked_tokens += n
+            self._locked_path_tokens += n
             node.lock_ref += 1
             node.last_access_s = now
             node.priority = max(node.priority, priority)
@@ -248,9 +263,13 @@ class RadixCache:
         for n in path:
             n.lock_ref -= 1
             n.last_access_s = now
+            size = len(n.key)
+            self._locked_path_tokens -= size
             if n.lock_ref == 0:
-                self._protected_tokens -= len(n.key)
-                self._evictable_tokens += len(n.key)
+                self._protected_tokens -= size
+                self._evictable_tokens += size
+            else:
+                self._repeated_locked_tokens -= size
         if path:
             self._queue.push(path[0])  # only the deepest node can be a leaf
 

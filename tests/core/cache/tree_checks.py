@@ -45,9 +45,11 @@ def reference_match(cache: RadixCache, tokens: list[int]) -> tuple[int, list[int
 def check_tree(cache: RadixCache) -> None:
     """Structure, sizes, allocation state and eviction-queue liveness, recounted from scratch."""
     ps = cache.page_size
-    evictable = protected = num_nodes = 0
+    evictable = protected = num_nodes = locked_path = repeated = 0
     for node in cache.iter_nodes():
         num_nodes += 1
+        locked_path += len(node.key) * node.lock_ref
+        repeated += len(node.key) * max(node.lock_ref - 1, 0)
         parent = node.parent
         assert parent is not None and not node.evicted
         assert parent.children[edge_key(node.key, 0, ps)] is node
@@ -65,6 +67,7 @@ def check_tree(cache: RadixCache) -> None:
     assert cache.root.lock_ref == 0 and cache.root.key == []
     assert (evictable, protected, num_nodes) == (cache.evictable_size(), cache.protected_size(), cache.num_nodes)
     assert cache.total_size() == evictable + protected
+    assert (locked_path, repeated) == (cache.locked_path_tokens(), cache.repeated_locked_tokens())
     check_queue_is_live(cache)
 
 
