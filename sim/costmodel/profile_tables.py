@@ -40,17 +40,47 @@ class Curve:
         if len(self.xs) == 0:
             raise ValueError("a curve needs at least one point")
         self.slope = (self.ys[-1] - self.ys[-2]) / (self.xs[-1] - self.xs[-2]) if len(self.xs) > 1 else 0.0
+        # a scalar query in plain floats (numpy's per-call overhead dominates one point); the same
+        # arithmetic as np.interp, so the same floats. Repeated xs keep numpy's tie rules: no lists.
+        distinct = len(self.xs) < 2 or bool((np.diff(self.xs) > 0).all())
+        self._xs: list[float] | None = self.xs.tolist() if distinct else None
+        self._ys: list[float] = self.ys.tolist()
 
     @property
     def max_x(self) -> float:
         return float(self.xs[-1])
 
     def __call__(self, x: np.ndarray | float) -> np.ndarray:
+        if type(x) in (float, int, np.float64) and self._xs is not None:
+            return np.float64(self._at(float(x)))
         x = np.asarray(x, dtype=np.float64)
         y = np.interp(x, self.xs, self.ys)
         above = x > self.xs[-1]
         if np.any(above):
             y = np.where(above, self.ys[-1] + max(self.slope, 0.0) * (x - self.xs[-1]), y)
+        return y
+
+
+    def _at(self, x: float) -> float:
+        """__call__ at one point, as np.interp computes it (slope of the segment, from its left end)."""
+        xs, ys = self._xs, self._ys
+        if x != x:
+            return x
+        if x > xs[-1]:
+            return ys[-1] + max(self.slope, 0.0) * (x - xs[-1])
+        if x >= xs[-1]:
+            return ys[-1]
+        if x < xs[0]:
+            return ys[0]
+        j = bisect.bisect_right(xs, x) - 1                  # xs[j] <= x < xs[j + 1]
+        if xs[j] == x:
+            return ys[j]
+        slope = (ys[j + 1] - ys[j]) / (xs[j + 1] - xs[j])
+        y = slope * (x - xs[j]) + ys[j]
+        if y != y:                                          # numpy's retry from the right end
+            y = slope * (x - xs[j + 1]) + ys[j + 1]
+            if y != y and ys[j] == ys[j + 1]:
+                y = ys[j]
         return y
 
 
