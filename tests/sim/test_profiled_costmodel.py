@@ -14,7 +14,7 @@ from experiments.compose import compose_config
 from runtime.build import build_core
 from runtime.core.layout import ParallelLayout
 from sim.costmodel.base import StepShape
-from sim.costmodel.profile_tables import capture_batch_sizes
+from sim.costmodel.profile_tables import Curve, capture_batch_sizes
 from sim.costmodel.profiled import ProfiledCostModel
 from sim.costmodel.roofline import RooflineCostModel
 
@@ -68,6 +68,19 @@ def test_interpolation_is_monotone_in_each_dimension():
     lo, hi = decode(model, 4, 64), decode(model, 4, 256)
     assert lo < decode(model, 4, 150) < hi
     assert model.fallbacks == {"decode": 0, "prefill": 0}
+
+
+def test_a_scalar_query_gives_the_floats_of_an_array_query():
+    """Curve answers one point in plain floats: it must give np.interp's floats (records stay identical),
+    at grid points, between them, below the first and past the last."""
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        n = int(rng.integers(1, 7))
+        xs = np.sort(rng.choice(50_000, n, replace=False)).astype(float) * rng.random()
+        curve = Curve(xs, rng.random(n) * rng.choice([1e-4, 1.0, 30.0]))
+        points = [float(xs[rng.integers(n)]), float(rng.random() * xs[-1] * 1.5), -1.0, float(rng.integers(0, 60_000))]
+        for x in points:
+            assert curve(x) == curve(np.array([x]))[0]
 
 
 def test_graph_batches_are_priced_at_their_padded_capture_size():
