@@ -247,10 +247,11 @@ PENALISED = SamplingParams(temperature=0.0, ignore_eos=True, frequency_penalty=1
                            repetition_penalty=1.3)
 
 
-def served(sampling: SamplingParams, overlap: bool, extra=(), check: bool = False, step_sender=None):
+def served(sampling: SamplingParams, overlap: bool, extra=(), check: bool = False, step_sender=None,
+           device: str = "cpu"):
     cfg = compose_config(["mode=real"] + TINY + list(extra))
     core = build_core(cfg)
-    runner = ModelRunner(dict(core.model.hf_config), core.kv_capacity_tokens, device="cpu", dtype="float32")
+    runner = ModelRunner(dict(core.model.hf_config), core.kv_capacity_tokens, device=device, dtype="float32")
     runner.step_sender = step_sender
     checker = ReferenceCheck(runner) if check else None
     specs = [dataclasses.replace(s, sampling=dataclasses.replace(sampling, max_new_tokens=s.output_len))
@@ -275,6 +276,22 @@ def test_served_penalties_match_the_reference_every_step_through_retractions(ove
     _, core, _, check = served(mixed, overlap=overlap, extra=SMALL_POOL, check=True)
     assert core.scheduler.num_retractions > 0
     assert check.num_rows > 100 and check.num_mismatches == 0, check.summary()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_served_penalties_on_cuda_match_the_reference_and_overlap_changes_no_token():
+    """On the GPU the running counts are updated from the sampled ids on the stream, with no sync: every step
+    still matches the reference, through retractions, and overlap on gives the tokens of overlap off."""
+    mixed = dataclasses.replace(PENALISED, logit_bias=((5, 2.0),))
+    _, core, runner, check = served(mixed, overlap=True, extra=SMALL_POOL, check=True, device="cuda")
+    assert core.scheduler.num_retractions > 0 and check.num_rows > 100 and check.num_mismatches == 0, check.summary()
+    assert runner.penalty_counts.counts is None or runner.penalty_counts.counts.is_cuda
+    outputs = {}
+    for overlap in (False, True):
+        outputs[overlap], _, _, check = served(mixed, overlap, check=True, device="cuda")
+        assert check.num_rows > 50 and check.num_mismatches == 0, check.summary()
+    assert outputs[True] == outputs[False]
 
 
 def test_a_tp_follower_given_the_pickled_inputs_keeps_the_same_state():
