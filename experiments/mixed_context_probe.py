@@ -39,7 +39,7 @@ def main() -> None:
     core = build_core(cfg)
     runner = build_model_runner(cfg, core)
     vocab = core.model.vocab_size
-    fill_kv_pool(runner, min(core.kv_capacity_tokens, 1 << 20), min(8192, (core.model.max_context_tokens or 8192) - 1),
+    fill_kv_pool(runner, min(core.kv_capacity_tokens, 1 << 20), 8192, core.model.max_context_tokens or 8192,
                  vocab, progress=False)
     print("batch  kind    contexts(min/max)   ms      / equal")
     for batch in args.batches:

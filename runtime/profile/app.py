@@ -66,7 +66,7 @@ def run_profile(cfg: DictConfig, out_dir: str | Path | None = None) -> dict:
     points = [p for s in sections for p in _points(s, cfg, core, runner, grid, limits, graph_max_bs)
               if not tables[p[0]].has(p[1])]
     if kv_fill == "model" and any(table in KV_READING for table, _, _ in points):
-        fill_kv_pool(runner, core.kv_capacity_tokens, min(limits.max_new_tokens, limits.max_context_tokens - 1),
+        fill_kv_pool(runner, core.kv_capacity_tokens, limits.max_new_tokens, limits.max_context_tokens,
                      core.model.vocab_size, progress=bool(cfg.progress))
     for table, _, measure in tqdm(points, desc="profile", unit="point", disable=not cfg.progress):
         rows = measure()

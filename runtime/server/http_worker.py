@@ -24,6 +24,16 @@ class Frontend:
     limits: Any             # ModelLimits
 
 
+def served_model_name(cfg, model) -> str:
+    return cfg.server.served_model_name or model.name
+
+
+def serving_line(cfg, model, ready, detail: str) -> str:
+    """The line a launcher prints once the server listens."""
+    return (f"twinserve: serving {served_model_name(cfg, model)} on http://{cfg.server.host}:{cfg.server.port} "
+            f"({ready.device}, KV {ready.kv_capacity_tokens} tokens; {detail})")
+
+
 def build_frontend(cfg, model, addresses, ready, worker_id: int, scheduler_alive: Callable[[], bool],
                    multiprocess_metrics: bool = False) -> Frontend:
     from runtime.server.hop_trace import HopTrace
@@ -32,7 +42,7 @@ def build_frontend(cfg, model, addresses, ready, worker_id: int, scheduler_alive
     from runtime.server.tokenizer import load_tokenizer
     from runtime.server.tokenizer_manager import TokenizerManager
 
-    name = cfg.server.served_model_name or model.name
+    name = served_model_name(cfg, model)
     limits = ModelLimits(ready.max_context_tokens, ready.kv_capacity_tokens, ready.vocab_size, model.eos_token_ids)
     metrics = ServerMetrics(name, multiprocess=multiprocess_metrics)
     processor = InputProcessor(load_tokenizer(cfg.tokenizer.path, model.vocab_size), limits)

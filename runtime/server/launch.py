@@ -90,7 +90,7 @@ def wait_ready(http_pull, children, timeout_s: float):
 def serve_http(cfg: DictConfig, model, addresses, http_pull, ready, children):
     """One tokenizer worker, in this process: serve until a signal, then shut the scheduler down from
     the app's lifespan. Returns the scheduler's shutdown reply (None if it gave none)."""
-    from runtime.server.http_worker import build_frontend, build_server, land_signals_on_noop
+    from runtime.server.http_worker import build_frontend, build_server, land_signals_on_noop, serving_line
 
     frontend = build_frontend(cfg, model, addresses, ready, 0, scheduler_alive=children[0].is_alive)
     manager = frontend.manager
@@ -109,8 +109,7 @@ def serve_http(cfg: DictConfig, model, addresses, http_pull, ready, children):
     server = build_server(cfg, model, ready, frontend, on_startup, on_shutdown, num_workers=1)
     land_signals_on_noop()                 # the children are still stopped and the records reported
     loop, http = event_loop_and_http_parser()
-    print(f"twinserve: serving {frontend.name} on http://{cfg.server.host}:{cfg.server.port} ({ready.device}, "
-          f"KV {ready.kv_capacity_tokens} tokens; {loop}, {http})", flush=True)
+    print(serving_line(cfg, model, ready, f"{loop}, {http}"), flush=True)
     server.run()
     return shutdown_reply.get("reply")
 

@@ -32,7 +32,7 @@ def serve_with_workers(cfg, container: dict, model, addresses, http_pull, ready,
     gave none). `children`: the scheduler and detokenizer processes."""
     import multiprocessing as mp
 
-    from runtime.server.http_worker import run_http_worker
+    from runtime.server.http_worker import run_http_worker, serving_line
 
     num_workers = int(cfg.server.tokenizer_workers)
     metrics_dir = os.path.join(ipc_dir, "metrics")
@@ -49,9 +49,7 @@ def serve_with_workers(cfg, container: dict, model, addresses, http_pull, ready,
         for worker in workers:
             worker.start()
         sock.close()                                       # the workers hold it now
-        name = cfg.server.served_model_name or model.name
-        print(f"twinserve: serving {name} on http://{cfg.server.host}:{cfg.server.port} ({ready.device}, "
-              f"KV {ready.kv_capacity_tokens} tokens; {num_workers} tokenizer workers)", flush=True)
+        print(serving_line(cfg, model, ready, f"{num_workers} tokenizer workers"), flush=True)
         supervise(workers, stop)
     finally:
         stop_workers(workers, float(cfg.server.graceful_shutdown_s) + WORKER_EXIT_MARGIN_S)

@@ -91,7 +91,11 @@ def test_the_kv_pool_is_filled_by_the_model_before_timing():
     runner = build_model_runner(cfg, core)
     layers = runner.pool.kv_buffers                                # [slots, latent + rope] per layer
     assert all(not layer[:600].any() for layer in layers)          # allocated as zeros
-    assert fill_kv_pool(runner, 600, 256, core.model.vocab_size, progress=False) == 600
+    calls = []
+    launch = runner.launch
+    runner.launch = lambda plan: calls.append(plan.items[0].num_new_tokens) or launch(plan)
+    assert fill_kv_pool(runner, 600, 256, 200, core.model.vocab_size, progress=False) == 600
+    assert calls == [199, 199, 199, 3]                             # prompts of at most max context - 1
     for layer in layers:
         assert layer[:600].abs().sum(dim=-1).gt(0).all()            # every slot written by a prefill
     with pytest.raises(ValueError, match="kv_fill=ones: expected one of"):
