@@ -2,7 +2,7 @@
 # One device call on 2 GPUs: `python run.py mode=real` served with tp=2, tp=2 ep=2 and dp=2 against dp=1 on the same
 # fixed offline workload (summaries copied to OUT/<layout>.json; the table printed at the end).
 #   bash experiments/gpu_jobs/layouts_serve.sh OUT          (LAYOUTS='dp=1;tp=2' picks some;
-#   LAYOUTS='tp=2 dp=2 dp_attention=true' serves with DP attention, eager: CUDA graphs off there)
+#   LAYOUTS='tp=2 dp=2 dp_attention=true' serves with DP attention: decode graphs padded to the ranks' agreed size)
 # A fresh machine JIT-compiles FlashInfer's prefill for the tp=2 head split first (~1.5 min).
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl 2>/dev/null || exit 1
@@ -20,7 +20,7 @@ for layout in "${LAYOUT_LIST[@]}"; do
   mkdir -p "$OUT/$name" && cp /tmp/layouts/$name/*.parquet "$OUT/$name/" 2>/dev/null
   echo "$layout: $(( $(date +%s) - start )) s"
 done
-if [ "${GPU_TESTS:-1}" = 1 ]; then   # tp=2 / tp=2 ep=2 serve tp=1's greedy tokens in fp32 (the 2-GPU tests)
+if [ "${GPU_TESTS:-1}" = 1 ]; then   # tp=2, tp=2 ep=2 and DP attention serve tp=1's greedy tokens in fp32 (the 2-GPU tests)
   timeout ${TESTS_TIMEOUT_S:-240} python -m pytest -q -m gpu tests/distributed/test_gpu_layouts.py -p no:cacheprovider 2>&1 \
     | grep -v Warning | tee "$OUT/gpu_layout_tests.log" | tail -4
 fi
