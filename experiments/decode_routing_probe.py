@@ -18,11 +18,9 @@ import statistics
 
 import numpy as np
 
-from experiments.compose import compose_config
-from runtime.build import build_core
+from experiments.probe_runner import filled_runner
 from runtime.core.batch import ScheduledItem
 from runtime.core.request import Request, RequestStatus
-from runtime.profile.kv_fill import fill_kv_pool
 from runtime.profile.plans import PROFILE_SAMPLING, finish, step_plan, synthetic_request
 from runtime.profile.timing import eager_decode, time_plan
 
@@ -72,15 +70,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
-    from runtime.engine.build_runner import build_model_runner
-
-    cfg = compose_config(["mode=real", "progress=false"] + args.overrides)
-    core = build_core(cfg)
-    runner = build_model_runner(cfg, core)
+    core, runner, fill_slots = filled_runner(args.overrides)
     counter = ExpertCounter(runner.model)
     vocab, ctx = core.model.vocab_size, args.context
-    fill_slots = min(core.kv_capacity_tokens, 1 << 20)
-    fill_kv_pool(runner, fill_slots, 8192, core.model.max_context_tokens or 8192, vocab, progress=False)
     rng = np.random.default_rng(0)
     print(f"context {ctx}; distinct experts per MoE layer (mean over layers) and graph-replayed step ms")
     print("batch  kind      experts   ms      / profile")

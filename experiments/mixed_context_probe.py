@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from experiments.compose import compose_config
-from runtime.build import build_core
+from experiments.probe_runner import filled_runner
 from runtime.core.batch import ScheduledItem
-from runtime.profile.kv_fill import fill_kv_pool
 from runtime.profile.plans import finish, step_plan, synthetic_request
 from runtime.profile.timing import time_plan
 
@@ -33,14 +31,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
-    from runtime.engine.build_runner import build_model_runner
-
-    cfg = compose_config(["mode=real", "progress=false"] + args.overrides)
-    core = build_core(cfg)
-    runner = build_model_runner(cfg, core)
+    core, runner, _ = filled_runner(args.overrides)
     vocab = core.model.vocab_size
-    fill_kv_pool(runner, min(core.kv_capacity_tokens, 1 << 20), 8192, core.model.max_context_tokens or 8192,
-                 vocab, progress=False)
     print("batch  kind    contexts(min/max)   ms      / equal")
     for batch in args.batches:
         base = None

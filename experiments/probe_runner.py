@@ -1,0 +1,21 @@
+"""What the GPU decode probes start from: a mode=real runner for the composed config with its KV pool's
+first slots written by the model (runtime.profile.kv_fill), as mode=profile times decode. Imports torch."""
+from __future__ import annotations
+
+from experiments.compose import compose_config
+from runtime.build import build_core
+from runtime.profile.kv_fill import fill_kv_pool
+
+FILL_SLOTS_MAX = 1 << 20       # slots the probes fill (and read): enough for their batches x contexts
+
+
+def filled_runner(overrides: list[str]):
+    """(core, runner, slots filled) for `mode=real` with `overrides`."""
+    from runtime.engine.build_runner import build_model_runner
+
+    cfg = compose_config(["mode=real", "progress=false"] + list(overrides))
+    core = build_core(cfg)
+    runner = build_model_runner(cfg, core)
+    slots = min(core.kv_capacity_tokens, FILL_SLOTS_MAX)
+    fill_kv_pool(runner, slots, 8192, core.model.max_context_tokens or 8192, core.model.vocab_size, progress=False)
+    return core, runner, slots
