@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from runtime.build import build_core
-from runtime.profile.kv_fill import KV_FILLS, fill_kv_pool
+from runtime.profile.kv_fill import KV_FILLS, FilledPool, fill_kv_pool
 from runtime.profile.grid import GRIDS, Grid, Limits, decode_points, prefill_points, shared_decode_points
 from runtime.profile.plans import SharedPrefixBatch, SyntheticBatch, step_plan
 from runtime.profile.tables import ProfileTable, write_meta
@@ -63,11 +63,14 @@ def run_profile(cfg: DictConfig, out_dir: str | Path | None = None) -> dict:
                     max_batch=int(sched.max_running_requests),
                     max_new_tokens=max(int(sched.chunked_prefill_size), int(sched.max_prefill_tokens)))
     graph_max_bs = graph_max_batch_size(cfg) if runner.graphs is not None else 0
-    points = [p for s in sections for p in _points(s, cfg, core, runner, grid, limits, graph_max_bs)
+    pool = FilledPool(0)                  # what the fill writes, read by the decode points when they run
+    points = [p for s in sections for p in _points(s, cfg, core, runner, grid, limits, graph_max_bs, pool)
               if not tables[p[0]].has(p[1])]
     if kv_fill == "model" and any(table in KV_READING for table, _, _ in points):
-        fill_kv_pool(runner, core.kv_capacity_tokens, limits.max_new_tokens, limits.max_context_tokens,
-                     core.model.vocab_size, progress=bool(cfg.progress))
+        longest = max((key["context_tokens"] for table, key, _ in points if table == "decode"), default=0)
+        filled = fill_kv_pool(runner, core.kv_capacity_tokens, limits.max_new_tokens, limits.max_context_tokens,
+                              core.model.vocab_size, progress=bool(cfg.progress), sequence_tokens=longest)
+        pool.num_slots, pool.sequence_tokens, pool.seeds = filled.num_slots, filled.sequence_tokens, filled.seeds
     for table, _, measure in tqdm(points, desc="profile", unit="point", disable=not cfg.progress):
         rows = measure()
         for row in rows if isinstance(rows, list) else [rows]:
@@ -79,6 +82,8 @@ def run_profile(cfg: DictConfig, out_dir: str | Path | None = None) -> dict:
         "kv_capacity_tokens": core.kv_capacity_tokens, "cuda_graph_max_bs": graph_max_bs,
         "piecewise_max_tokens": runner.piecewise.buckets[-1] if runner.piecewise is not None else 0,
         "fast_path": bool(cfg.real.fast_path), "points_measured": len(points), "kv_fill": kv_fill,
+        # decode points of at most this many requests and this context attended KV their own tokens wrote
+        "kv_fill_sequences": len(pool.seeds), "kv_fill_sequence_tokens": pool.sequence_tokens,
         "load_s": round(runner.load_time_s, 2), "wall_s": round(time.perf_counter() - started, 1)})
     print(f"profile: {len(points)} points measured in {time.perf_counter() - started:.0f} s -> {directory}")
     return {"directory": str(directory), **{s: len(t) for s, t in tables.items()}}
@@ -89,10 +94,11 @@ def _device_name(device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
-def _points(section: str, cfg: DictConfig, core, runner, grid: Grid, limits: Limits, graph_max_bs: int) -> Iterator[Point]:
+def _points(section: str, cfg: DictConfig, core, runner, grid: Grid, limits: Limits, graph_max_bs: int,
+            pool: FilledPool) -> Iterator[Point]:
     vocab = core.model.vocab_size
     if section == "decode":
-        yield from _decode_points(runner, grid, limits, graph_max_bs, vocab)
+        yield from _decode_points(runner, grid, limits, graph_max_bs, vocab, pool)
     elif section == "prefill":
         for seqs, tokens, prefixes in [(1, grid.prefill_tokens, grid.prefill_prefixes)] + \
                 [(k, grid.multi_tokens, grid.multi_prefixes) for k in grid.multi_seqs]:
@@ -126,7 +132,7 @@ def _points(section: str, cfg: DictConfig, core, runner, grid: Grid, limits: Lim
                 lambda t=tokens: op_rows(runner, t, grid.repeats, limits.max_batch)
 
 
-def _decode_points(runner, grid: Grid, limits: Limits, graph_max_bs: int, vocab: int) -> Iterator[Point]:
+def _decode_points(runner, grid: Grid, limits: Limits, graph_max_bs: int, vocab: int, pool: FilledPool) -> Iterator[Point]:
     from runtime.profile.timing import eager_decode
 
     graph = [p for p in decode_points(grid.decode_batches, grid.decode_contexts, limits) if p[0] <= graph_max_bs]
@@ -134,17 +140,26 @@ def _decode_points(runner, grid: Grid, limits: Limits, graph_max_bs: int, vocab:
     for path, points in (("graph", graph), ("eager", eager)):
         for batch, context in points:
             key = dict(path=path, batch_size=batch, context_tokens=context)
-            yield "decode", key, _decode(runner, path, batch, context, grid.repeats, vocab, eager_decode)
+            yield "decode", key, _decode(runner, path, batch, context, grid.repeats, vocab, eager_decode, pool)
 
 
-def _decode(runner, path: str, batch: int, context: int, repeats: int, vocab: int, eager_decode):
+def _decode(runner, path: str, batch: int, context: int, repeats: int, vocab: int, eager_decode, pool: FilledPool):
+    """Decode of `batch` requests at `context`: the fill's own sequences where the pool holds enough of
+    them (each attends KV its own tokens wrote, so its tokens pick experts as a served request's do),
+    else requests over slots from 0 (KV other sequences wrote: at batches that large every expert is
+    picked either way)."""
     def measure() -> dict:
         from contextlib import nullcontext
+
+        from runtime.profile.plans import decode_items, finish
         from runtime.profile.timing import time_plan
-        synthetic = SyntheticBatch(f"d{path}{batch}x{context}", batch, context, 0, vocab)
+        tag = f"d{path}{batch}x{context}"
+        requests = pool.requests(tag, batch, context, vocab)
+        if requests is None:
+            requests = SyntheticBatch(tag, batch, context, 0, vocab).requests
         with eager_decode(runner) if path == "eager" else nullcontext():
-            timing = time_plan(runner, step_plan(synthetic.decode_items(context)), repeats)
-        synthetic.release()
+            timing = time_plan(runner, step_plan(decode_items(requests, context)), repeats)
+        finish(requests)
         return {"path": path, "batch_size": batch, "context_tokens": context,
                 "total_context_tokens": batch * context, **_timing_columns(timing)}
     return measure

@@ -59,8 +59,7 @@ class SyntheticBatch:
         """One decode token per request at position context_tokens - 1 (attending context_tokens)."""
         if not 2 <= context_tokens <= self.max_tokens:
             raise ValueError(f"context {context_tokens} outside [2, {self.max_tokens}]")
-        pos = context_tokens - 1
-        return [ScheduledItem(r, pos, 1, [r.kv_slots[pos]], is_decode=True, samples=True) for r in self.requests]
+        return decode_items(self.requests, context_tokens)
 
     def extend_items(self, new_tokens: int, prefix_tokens: int) -> list[ScheduledItem]:
         """A prefill of new_tokens per request after prefix_tokens of cached KV."""
@@ -72,6 +71,12 @@ class SyntheticBatch:
 
     def release(self) -> None:
         finish(self.requests)
+
+
+def decode_items(requests: list[Request], context_tokens: int) -> list[ScheduledItem]:
+    """One decode token per request at position context_tokens - 1 (attending its first context_tokens slots)."""
+    pos = context_tokens - 1
+    return [ScheduledItem(r, pos, 1, [r.kv_slots[pos]], is_decode=True, samples=True) for r in requests]
 
 
 def finish(requests) -> None:

@@ -94,9 +94,38 @@ def test_the_kv_pool_is_filled_by_the_model_before_timing():
     calls = []
     launch = runner.launch
     runner.launch = lambda plan: calls.append(plan.items[0].num_new_tokens) or launch(plan)
-    assert fill_kv_pool(runner, 600, 256, 200, core.model.vocab_size, progress=False) == 600
+    assert fill_kv_pool(runner, 600, 256, 200, core.model.vocab_size, progress=False).num_slots == 600
     assert calls == [199, 199, 199, 3]                             # prompts of at most max context - 1
     for layer in layers:
         assert layer[:600].abs().sum(dim=-1).gt(0).all()            # every slot written by a prefill
     with pytest.raises(ValueError, match="kv_fill=ones: expected one of"):
         run_profile(compose_config(TINY + ["profile.kv_fill=ones"]))
+
+
+def test_the_fill_writes_whole_sequences_whose_decodes_attend_their_own_kv():
+    """Sequences of the fill are prefilled chunk after chunk over their own prefix; a request the pool
+    hands back for a decode attends KV equal to what a fresh prefill of its own tokens writes."""
+    import torch
+
+    from runtime.engine.build_runner import build_model_runner
+    from runtime.profile.kv_fill import fill_kv_pool
+    from runtime.profile.plans import SyntheticBatch, step_plan
+
+    cfg = compose_config(TINY + ["kv.capacity_tokens=700"])
+    core = build_core(cfg)
+    runner = build_model_runner(cfg, core)
+    prefixes = []
+    launch = runner.launch
+    runner.launch = lambda plan: prefixes.append(plan.items[0].num_prefix_tokens) or launch(plan)
+    vocab = core.model.vocab_size
+    pool = fill_kv_pool(runner, 500, 64, 1000, vocab, progress=False, sequence_tokens=150)
+    assert (len(pool.seeds), pool.sequence_tokens) == (3, 150)
+    assert prefixes == [0, 64, 128] * 3 + [0]                      # 3 sequences in chunks, then 50 slots
+    assert pool.requests("d", 4, 100, vocab) is None and pool.requests("d", 2, 151, vocab) is None
+    second = pool.requests("d", 2, 150, vocab)[1]
+    assert list(second.kv_slots) == list(range(150, 300))
+    fresh = SyntheticBatch("fresh", 1, 150, 550, vocab)             # slots 550..699: the same tokens, at once
+    fresh.requests[0].input_ids = second.input_ids
+    runner.launch(step_plan(fresh.extend_items(150, 0))).wait()
+    for layer in runner.pool.kv_buffers:
+        torch.testing.assert_close(layer[150:300], layer[550:700], rtol=1e-4, atol=1e-5)
