@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from runtime.build import build_core
-from runtime.profile.kv_fill import KV_FILLS, FilledPool, fill_kv_pool
+from runtime.profile.kv_fill import KV_FILLS, FilledPool, fill_kv_pool, sequence_layout
 from runtime.profile.grid import GRIDS, Grid, Limits, decode_points, prefill_points, shared_decode_points
 from runtime.profile.plans import SharedPrefixBatch, SyntheticBatch, step_plan
 from runtime.profile.tables import ProfileTable, write_meta
@@ -66,15 +66,11 @@ def run_profile(cfg: DictConfig, out_dir: str | Path | None = None) -> dict:
     pool = FilledPool(0)                  # what the fill writes, read by the decode points when they run
     points = [p for s in sections for p in _points(s, cfg, core, runner, grid, limits, graph_max_bs, pool)
               if not tables[p[0]].has(p[1])]
-    if kv_fill == "model" and any(table in KV_READING for table, _, _ in points):
-        longest = max((key["context_tokens"] for table, key, _ in points if table == "decode"), default=0)
-        filled = fill_kv_pool(runner, core.kv_capacity_tokens, limits.max_new_tokens, limits.max_context_tokens,
-                              core.model.vocab_size, progress=bool(cfg.progress), sequence_tokens=longest)
-        pool.num_slots, pool.sequence_tokens, pool.seeds = filled.num_slots, filled.sequence_tokens, filled.seeds
-    for table, _, measure in tqdm(points, desc="profile", unit="point", disable=not cfg.progress):
-        rows = measure()
-        for row in rows if isinstance(rows, list) else [rows]:
-            tables[table].append(row)
+    own_layout = (0, 0)                   # (tokens, count) of the sequences decode points read as their own
+    if kv_fill == "model":
+        own_layout = _fill_and_measure(points, runner, core, limits, tables, pool, bool(cfg.progress))
+    else:
+        _measure(points, tables, bool(cfg.progress))
     write_meta(directory, {
         "grid": cfg.profile.grid, "sections": list(sections), "hardware": core.hardware.name,
         "model": core.model.name, "device_name": _device_name(runner.device), "dtype": str(cfg.real.dtype),
@@ -83,10 +79,42 @@ def run_profile(cfg: DictConfig, out_dir: str | Path | None = None) -> dict:
         "piecewise_max_tokens": runner.piecewise.buckets[-1] if runner.piecewise is not None else 0,
         "fast_path": bool(cfg.real.fast_path), "points_measured": len(points), "kv_fill": kv_fill,
         # decode points of at most this many requests and this context attended KV their own tokens wrote
-        "kv_fill_sequences": len(pool.seeds), "kv_fill_sequence_tokens": pool.sequence_tokens,
+        "kv_fill_sequences": own_layout[1], "kv_fill_sequence_tokens": own_layout[0],
         "load_s": round(runner.load_time_s, 2), "wall_s": round(time.perf_counter() - started, 1)})
     print(f"profile: {len(points)} points measured in {time.perf_counter() - started:.0f} s -> {directory}")
     return {"directory": str(directory), **{s: len(t) for s, t in tables.items()}}
+
+
+def _measure(points: list[Point], tables: dict, progress: bool) -> None:
+    for table, _, measure in tqdm(points, desc="profile", unit="point", disable=not progress):
+        rows = measure()
+        for row in rows if isinstance(rows, list) else [rows]:
+            tables[table].append(row)
+
+
+def _fill_and_measure(points: list[Point], runner, core, limits: Limits, tables: dict, pool: FilledPool,
+                      progress: bool) -> tuple[int, int]:
+    """Decode points whose requests the pool can hold as whole sequences of the longest decode context are
+    measured first, over a pool of those sequences (each request attends the KV its own tokens wrote: its
+    tokens then pick experts as a served request's do); then the pool is filled again with one-chunk
+    prompts for every other point that reads KV (larger decode batches, prefill, mixed, shared prefixes).
+    Returns (tokens, count) of those sequences ((0, 0) when no point read them)."""
+    fill = lambda sequence_tokens: fill_kv_pool(runner, core.kv_capacity_tokens, limits.max_new_tokens,  # noqa: E731
+                                               limits.max_context_tokens, core.model.vocab_size,
+                                               progress=progress, sequence_tokens=sequence_tokens)
+    decode_contexts = [key["context_tokens"] for table, key, _ in points if table == "decode"]
+    length, count = sequence_layout(core.kv_capacity_tokens, limits.max_context_tokens, max(decode_contexts, default=0))
+    own = [p for p in points if p[0] == "decode" and p[1]["batch_size"] <= count and p[1]["context_tokens"] <= length]
+    rest = [p for p in points if not any(p is q for q in own)]
+    if own:
+        filled = fill(length)
+        pool.num_slots, pool.sequence_tokens, pool.seeds = filled.num_slots, filled.sequence_tokens, filled.seeds
+        _measure(own, tables, progress)
+    pool.num_slots, pool.sequence_tokens, pool.seeds = 0, 0, []       # the rest read one-chunk prompts' KV
+    if any(table in KV_READING for table, _, _ in rest):
+        fill(0)
+    _measure(rest, tables, progress)
+    return (length, count) if own else (0, 0)
 
 
 def _device_name(device) -> str:

@@ -37,6 +37,12 @@ class FilledPool:
         return [synthetic_request(f"{tag}-{i}", self.seeds[i], n, i * n, vocab_size) for i in range(num_reqs)]
 
 
+def sequence_layout(num_slots: int, max_context_tokens: int, sequence_tokens: int) -> tuple[int, int]:
+    """(length, count) of the whole sequences fill_kv_pool writes for `sequence_tokens`."""
+    length = min(sequence_tokens, max_context_tokens - 1, num_slots)
+    return (length, num_slots // length) if length >= 2 else (0, 0)
+
+
 def fill_kv_pool(runner, num_slots: int, max_step_tokens: int, max_context_tokens: int, vocab_size: int,
                  progress: bool = True, sequence_tokens: int = 0) -> FilledPool:
     """Prefill slots [0, num_slots): first as many whole sequences of `sequence_tokens` as fit (each
@@ -45,9 +51,8 @@ def fill_kv_pool(runner, num_slots: int, max_step_tokens: int, max_context_token
     request each (no prefix). A step is as long as a step may be (`max_step_tokens`) and a prompt as long as
     one may be (`max_context_tokens` less the token it would sample)."""
     chunk_tokens = max(1, min(max_step_tokens, max_context_tokens - 1))
-    length = min(sequence_tokens, max_context_tokens - 1, num_slots)
-    pool = FilledPool(num_slots, max(length, 0))
-    num_sequences = num_slots // length if length >= 2 else 0
+    length, num_sequences = sequence_layout(num_slots, max_context_tokens, sequence_tokens)
+    pool = FilledPool(num_slots, length)
     steps = num_sequences * -(-length // chunk_tokens) + -(-(num_slots - num_sequences * length) // chunk_tokens)
     bar = tqdm(total=steps, desc="fill KV pool", unit="step", disable=not progress)
     for k in range(num_sequences):

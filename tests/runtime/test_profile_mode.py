@@ -41,6 +41,8 @@ def test_profile_writes_resumable_tables_the_profiled_model_reads(tmp_path):
     run = meta["runs"][-1]
     assert run["grid"] == "smoke" and run["model"] == "tiny_mla_moe" and run["versions"]["torch"]
     assert run["git_revision"] and run["date"] and "command" in run
+    # every smoke decode point (batch <= 4, context <= 64) decoded its own sequence of the 4096-slot pool
+    assert (run["kv_fill_sequence_tokens"], run["kv_fill_sequences"]) == (64, 64)
 
     again = run_profile(cfg)                                     # resumes: every point is already there
     assert again == first and len(json.loads((tmp_path / "meta.json").read_text())["runs"]) == 2
