@@ -20,6 +20,7 @@ from runtime.core.scheduler import Scheduler
 from runtime.run_checks import check_drained
 from sim.costmodel.base import StepShape
 from sim.costmodel.dp_attention import DPAttentionCostModel
+from sim.clock import ExactClock, wait_until
 from sim.driver import SimDriver
 from sim.executor import SimExecutor
 
@@ -63,7 +64,7 @@ class RoutedArrivals:
     def process(self):
         """The router's own process: route every request exactly at its arrival time."""
         while self.next_idx < len(self.specs):
-            yield self.env.timeout(max(0.0, self.specs[self.next_idx].arrival_s - self.env.now))
+            yield wait_until(self.env, self.specs[self.next_idx].arrival_s)
             self.route_until(self.env.now)
         self.route_until(self.env.now)
 
@@ -131,7 +132,7 @@ class DPSimDriver:
         self.drivers, self.router, self.progress = list(drivers), router, progress
 
     def run(self, specs: Sequence[RequestSpec]) -> DPOutcome:
-        env = simpy.Environment()
+        env = ExactClock()
         bar = tqdm(total=len(specs), desc="simulating", unit="req", disable=not self.progress, mininterval=0.5)
         arrivals = RoutedArrivals(env, specs, self.router, on_finish=bar.update)
         steps = [StepLog(predicted_from_duration=True) for _ in self.drivers]
@@ -158,7 +159,7 @@ class DPAttentionSimDriver:
         self.router, self.progress = router, progress
 
     def run(self, specs: Sequence[RequestSpec]) -> DPOutcome:
-        env = simpy.Environment()
+        env = ExactClock()
         bar = tqdm(total=len(specs), desc="simulating", unit="req", disable=not self.progress, mininterval=0.5)
         arrivals = RoutedArrivals(env, specs, self.router, on_finish=bar.update)
         steps = [StepLog(predicted_from_duration=True) for _ in self.schedulers]
@@ -193,7 +194,7 @@ class DPAttentionSimDriver:
                     if any(sched.has_work() for sched in scheds):
                         raise RuntimeError("scheduler stalled: work left but no step planned")
                     return
-                yield env.timeout(next_arrival - env.now)
+                yield wait_until(env, next_arrival)
                 continue
             shapes = [StepShape.from_plan(p) if p is not None else StepShape() for p in plans]
             duration_s = self.cost_model.step_time_s(shapes)
