@@ -60,9 +60,10 @@ def step_bytes(runner: ModelRunner, batch: int, context: int) -> dict[str, float
             weights += param_bytes(mlp)
             continue
         experts = mlp.experts
-        num_experts, top_k = experts.w13.shape[0], model.config.num_experts_per_tok
+        num_experts, top_k = experts.num_local, model.config.num_experts_per_tok    # routed experts
         per_expert = (experts.w13[0].numel() + experts.w2[0].numel()) * experts.w13.element_size()
-        weights += param_bytes(mlp) - param_bytes(experts)          # router + shared experts
+        weights += param_bytes(mlp) - param_bytes(experts)          # router + shared experts (when separate)
+        weights += mlp.num_fused_shared * per_expert                 # shared experts stacked as experts
         weights += expected_distinct_experts(num_experts, top_k, batch) * per_expert
     kv = batch * context * runner.pool.bytes_per_token()
     return {"weight_bytes": weights, "kv_bytes": kv}
@@ -186,6 +187,8 @@ def main() -> None:
     parser.add_argument("--bandwidth", type=float, default=H200_HBM_BYTES_PER_S, help="HBM bytes/s")
     parser.add_argument("--no-graphs", action="store_true")
     parser.add_argument("--no-unfused", action="store_true", help="skip the *_unfused comparison rows")
+    parser.add_argument("--no-layer-fusions", action="store_true",
+                        help="FastPathConfig.layer_fusions=False: shared experts apart, router GEMM, two MLA input GEMMs")
     parser.add_argument("--quick", action="store_true", help="tiny model, small batches: a CPU smoke test")
     parser.add_argument("--out", default=None, help="CSV (default experiments/results/h200/decode_step.csv)")
     args = parser.parse_args()
@@ -196,7 +199,8 @@ def main() -> None:
                             else "experiments/results/h200/decode_step.csv"))
     spec = instantiate(compose_config([f"model={args.model}"]).model)
     slots = max(args.batch) * args.context + 16
-    fast = FastPathConfig(cuda_graph=not args.no_graphs, cuda_graph_batch_sizes=tuple(sorted(set(args.batch))))
+    fast = FastPathConfig(cuda_graph=not args.no_graphs, cuda_graph_batch_sizes=tuple(sorted(set(args.batch))),
+                          layer_fusions=not args.no_layer_fusions)
     runner = ModelRunner(dict(spec.hf_config), slots, device=args.device, dtype=args.dtype, fast=fast)
     with torch.no_grad():        # random KV (not zeros) so requests' hidden states, and so their routing, differ
         for buf in getattr(runner.pool, "kv_buffers", []) + getattr(runner.pool, "k_buffers", []) \

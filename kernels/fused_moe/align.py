@@ -18,7 +18,9 @@ Versions:
   v1 moe_align_block_size_torch: argsort + searchsorted, about ten small torch launches; the oracle.
   v2 moe_align_block_size: three Triton launches -- per-chunk expert histograms (and the sentinel
      fill), one program for the prefix sums and expert_ids, per-chunk stable scatter. Fewer launches
-     matter at decode sizes, where the whole MoE layer takes tens of microseconds.
+     matter at decode sizes, where the whole MoE layer takes tens of microseconds: up to
+     SMALL_TILE_ELEMENTS slot x expert pairs (decode batches of a few dozen tokens) one program does all
+     three in one launch.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ MAX_PROGRAMS = 64     # chunk programs in v2; the prefix program holds a [P, E] 
 FILL_BLOCK = 1024     # sentinel stores per loop step
 BLOCKS_PER_STEP = 64  # expert_ids written per loop step
 SKIP_EXPERT = -1      # topk id of a pair to leave out (SGLang's id for an expert off this EP rank)
+SMALL_TILE_ELEMENTS = 16384  # slots x experts (powers of two) up to which one program aligns everything
 
 
 class AlignedRouting(NamedTuple):
@@ -147,8 +150,46 @@ def _align_scatter_kernel(
         running += tl.sum(onehot, axis=0)
 
 
-def moe_align_block_size(topk_ids: torch.Tensor, block_size: int, num_experts: int) -> AlignedRouting:
-    """v2: three Triton launches, no host sync; same output as moe_align_block_size_torch."""
+@triton.jit
+def _align_one_program_kernel(
+    topk_ids_ptr, sorted_ptr, expert_ids_ptr, num_post_ptr,
+    num_slots, capacity, num_blocks,
+    BLOCK_SIZE_M: tl.constexpr, E_POW2: tl.constexpr, S_POW2: tl.constexpr, FILL: tl.constexpr,
+    BLOCKS: tl.constexpr,
+):
+    """All of v2 in one program for few slots: counts, padded offsets and expert_ids from one [S, E] one-hot
+    tile, the sentinel fill, a barrier (the fill and the scatter may touch the same positions from
+    different threads), then each slot's stable position."""
+    offs = tl.arange(0, S_POW2)
+    valid = offs < num_slots
+    ids = tl.load(topk_ids_ptr + offs, mask=valid, other=-1).to(tl.int32)
+    experts = tl.arange(0, E_POW2)
+    onehot = (ids[:, None] == experts[None, :]).to(tl.int32)                     # [S, E]
+    counts = tl.sum(onehot, axis=0)                                              # [E]
+    padded = (counts + BLOCK_SIZE_M - 1) // BLOCK_SIZE_M * BLOCK_SIZE_M
+    padded_ends = tl.cumsum(padded, axis=0)                                      # [E]
+    total = tl.sum(padded, axis=0)
+    tl.store(num_post_ptr, total)
+    for step in range(0, num_blocks, BLOCKS):
+        blocks = step + tl.arange(0, BLOCKS)
+        starts = blocks * BLOCK_SIZE_M
+        expert = tl.sum((padded_ends[None, :] <= starts[:, None]).to(tl.int32), axis=1)   # [BLOCKS]
+        expert = tl.where(starts < total, expert, -1)
+        tl.store(expert_ids_ptr + blocks, expert, mask=blocks < num_blocks)
+    sentinel = tl.full([FILL], 0, dtype=tl.int32) + num_slots
+    for step in range(0, capacity, FILL):
+        fill = step + tl.arange(0, FILL)
+        tl.store(sorted_ptr + fill, sentinel, mask=fill < capacity)
+    tl.debug_barrier()
+    rank = tl.cumsum(onehot, axis=0) - 1                                         # [S, E] stable rank
+    pos = tl.sum(onehot * ((padded_ends - padded)[None, :] + rank), axis=1)      # [S]
+    tl.store(sorted_ptr + pos, offs, mask=valid & (ids >= 0))
+
+
+def moe_align_block_size(topk_ids: torch.Tensor, block_size: int, num_experts: int,
+                         one_program_max_elements: int = SMALL_TILE_ELEMENTS) -> AlignedRouting:
+    """v2: one Triton launch up to `one_program_max_elements` slot x expert pairs (powers of two), else three;
+    no host sync; same output as moe_align_block_size_torch."""
     device = topk_ids.device
     flat = topk_ids.reshape(-1)                                                  # [M*K]
     num_slots = flat.numel()
@@ -160,6 +201,13 @@ def moe_align_block_size(topk_ids: torch.Tensor, block_size: int, num_experts: i
     if num_slots == 0:
         return AlignedRouting(sorted_ids, expert_ids, num_post)
     e_pow2 = triton.next_power_of_2(num_experts)
+    s_pow2 = triton.next_power_of_2(num_slots)
+    if s_pow2 * e_pow2 <= one_program_max_elements:
+        _align_one_program_kernel[(1,)](
+            flat, sorted_ids, expert_ids, num_post, num_slots, capacity, num_blocks,
+            BLOCK_SIZE_M=block_size, E_POW2=e_pow2, S_POW2=s_pow2, FILL=FILL_BLOCK, BLOCKS=BLOCKS_PER_STEP,
+            num_warps=4 if s_pow2 * e_pow2 <= 4096 else 8)
+        return AlignedRouting(sorted_ids, expert_ids, num_post)
     chunk_len = triton.cdiv(triton.cdiv(num_slots, MAX_PROGRAMS), SUB_ROWS) * SUB_ROWS
     num_programs = triton.cdiv(num_slots, chunk_len)
     fill_len = triton.cdiv(triton.cdiv(capacity, num_programs), FILL_BLOCK) * FILL_BLOCK

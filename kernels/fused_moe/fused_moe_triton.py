@@ -4,7 +4,9 @@ epilogue, down GEMM with the routing weight, sum over top-k. Matches ref.fused_m
 Legend: M = tokens, H = hidden, I = intermediate size per shard, E = experts, K = top-k, S = M*K slots.
 Launches: align (3) -> [fp8: quant hidden] -> gate_up (v2 gated epilogue; v1: GEMM + silu_and_mul)
 -> [fp8: quant act] -> down (x topk weight) -> sum over K (combine.topk_sum).
-No host sync, so the whole call can be captured in a CUDA graph.
+No host sync, so the whole call can be captured in a CUDA graph. Shared experts stacked after the routed
+ones (runtime.models.moe.MoE.fuse_shared_experts) are just more experts and pairs; `config_shape` then
+names the routed (E, K) whose tuned table the launch config comes from.
 Expert parallelism: a topk id of -1 (align.SKIP_EXPERT) marks a pair of an expert another rank holds.
 It gets no GEMM row (the align step leaves it out, so the GEMMs run only this rank's pairs; the buffers
 keep their worst-case sizes) and the sum skips it, so the output is this rank's share of the top-k sum.
@@ -34,6 +36,7 @@ def fused_moe(
     w13_scale: torch.Tensor | None = None,  # fp8 only: [E, 2I/128, H/128] float32
     w2_scale: torch.Tensor | None = None,   # fp8 only: [E, H/128, I/128] float32
     fuse_silu: bool = True,            # False = v1 (separate silu_and_mul launch), for comparison
+    config_shape: tuple[int, int] | None = None,  # (E, K) the launch config is looked up for; None = these
 ) -> torch.Tensor:                     # [M, H] hidden.dtype
     num_tokens, hidden_size = hidden.shape
     num_experts, two_inter, _ = w13.shape
@@ -45,7 +48,8 @@ def fused_moe(
     if num_tokens == 0:
         return out
     if config is None:
-        config = get_config(num_tokens, num_experts, top_k, inter, dtype_name(w13.dtype))
+        table_experts, table_top_k = config_shape or (num_experts, top_k)
+        config = get_config(num_tokens, table_experts, table_top_k, inter, dtype_name(w13.dtype))
     gate_up_cfg, down_cfg = split_config(config)
     a_bytes, w_bytes = (1, 1) if use_fp8 else (hidden.element_size(), w13.element_size())
     gate_up_cfg = fit_config(gate_up_cfg, a_bytes, w_bytes, gated=fuse_silu, use_fp8=use_fp8)

@@ -31,8 +31,8 @@ def moe_kernel_token_counts(model, max_tokens: int) -> list[int]:
     moe = next((m for m in model.modules() if isinstance(m, MoE)), None)
     if moe is None:
         return []
-    w13 = moe.experts.w13                                   # [E_local, 2I, H]
-    return config_token_counts(w13.shape[0], moe.gate.config.num_experts_per_tok, w13.shape[1] // 2,
+    w13 = moe.experts.w13                                   # [E_local (+ stacked shared), 2I, H]
+    return config_token_counts(moe.experts.num_local, moe.gate.config.num_experts_per_tok, w13.shape[1] // 2,
                                dtype_name(w13.dtype), max_tokens)
 
 
@@ -54,6 +54,7 @@ def build_model_runner(cfg: DictConfig, core: CoreComponents, warmup: bool | Non
     config = core.scheduler.config
     piecewise_tokens = piecewise_graph_tokens(cfg)         # 0: none (off, no graphs, or tp > 1), as mode=sim reads it
     fast = FastPathConfig(enabled=bool(cfg.real.fast_path), cuda_graph=bool(cfg.real.cuda_graph),
+                          layer_fusions=bool(cfg.real.layer_fusions),
                           cuda_graph_max_bs=graph_max_batch_size(cfg), progress=bool(cfg.progress),
                           piecewise_cuda_graph=piecewise_tokens > 0, piecewise_max_tokens=max(1, piecewise_tokens))
     runner = ModelRunner(dict(core.model.hf_config), core.kv_capacity_tokens, device=str(device),

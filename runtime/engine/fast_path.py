@@ -48,6 +48,7 @@ class FastPathConfig:
     piecewise_token_buckets: tuple[int, ...] | None = None   # explicit sizes (tests, benchmarks); None = the grid
     mla_kernel: str = "auto"             # attention kernel, MLA and GQA: auto (FlashInfer when importable) | flashinfer | triton
     fused_small_ops: bool = True         # Triton add+RMSNorm / RMSNorm / SiLU-and-mul / rotary in the model
+    layer_fusions: bool = True           # stacked shared experts, one-kernel routing, one MLA input GEMM
     progress: bool = True                # tqdm bar during capture
 
 
@@ -227,15 +228,18 @@ class FusedSmallOps:
     each q head and of the kv_a output, strided views FlashInfer's in-place rope cannot take without copies.
     Runs wherever Triton does (CPU tests use its interpreter); no host syncs (CUDA-graph safe)."""
 
-    def __init__(self, model: CausalLM) -> None:
+    def __init__(self, model: CausalLM, routes_few_tokens: bool = True) -> None:
         from kernels.small_ops.triton_act import silu_and_mul_triton
         from kernels.small_ops.triton_gated_act import silu_and_mul_gated_triton
         from kernels.small_ops.triton_norm import fused_add_rmsnorm_triton, rmsnorm_triton
         from kernels.small_ops.triton_rope import rope_triton
+        from kernels.fused_moe.router_topk import router_topk
 
         self._rmsnorm, self._add_rmsnorm = rmsnorm_triton, fused_add_rmsnorm_triton
         self._silu_and_mul, self._rope = silu_and_mul_triton, rope_triton
         self._silu_and_mul_gated = silu_and_mul_gated_triton
+        self._router_topk = router_topk
+        self.routes_few_tokens = routes_few_tokens
         # [P, R] fp32. The kernel does not bound-check positions while the reference rotates any position:
         # the table covers at least _MIN_ROPE_POSITIONS even when the config's maximum is smaller (Llama-3-8B:
         # 8,192), and longer contexts get the reference's angles instead of reads past the table
@@ -259,21 +263,33 @@ class FusedSmallOps:
              q_out: torch.Tensor | None = None) -> None:
         self._rope(positions, q, k, self.cos_sin_cache, not interleaved, q_out=q_out)
 
+    def route(self, x: torch.Tensor, router_rows: torch.Tensor, num_experts: int, top_k: int, scoring_func: str,
+              norm_topk_prob: bool, routed_scaling_factor: float, num_shared: int,
+              gate_row: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self._router_topk(x, router_rows, num_experts, top_k, scoring_func=scoring_func,
+                                 norm_topk_prob=norm_topk_prob, routed_scaling_factor=routed_scaling_factor,
+                                 num_shared=num_shared, gate_row=gate_row)
+
 
 def has_moe(model: nn.Module) -> bool:
     return any(isinstance(m, MoE) for m in model.modules())
 
 
 def enable_fast_path(model: nn.Module, config: ModelConfig, dtype: torch.dtype, device: torch.device,
-                     mla_kernel: str = "auto", fused_small_ops: bool = True) -> FastMLABackend | FastGQABackend | None:
-    """On CUDA: route MoE layers through the Triton fused MoE, the small ops through FusedSmallOps (if
-    asked), and return the attention backend: FastMLABackend for MLA models, FastGQABackend (FlashInfer
+                     mla_kernel: str = "auto", fused_small_ops: bool = True,
+                     layer_fusions: bool = True) -> FastMLABackend | FastGQABackend | None:
+    """On CUDA: route MoE layers through the Triton fused MoE with their shared experts stacked as experts
+    (one rank), the small ops through FusedSmallOps and the MLA input projections through one stacked GEMM
+    (if asked; `layer_fusions=False` keeps the layers as loaded and routes with the router GEMM), and return
+    the attention backend: FastMLABackend for MLA models, FastGQABackend (FlashInfer
     paged GQA, Triton fallback; `mla_kernel` picks between them the same way) for MHA/GQA models.
     On CPU: change nothing, return None."""
     if device.type != "cuda":
         return None
     if fused_small_ops:
-        model.small_ops = FusedSmallOps(model)
+        model.small_ops = FusedSmallOps(model, routes_few_tokens=layer_fusions)
+        for attn in (m for m in model.modules() if isinstance(m, MLAttention) and layer_fusions):
+            attn.fuse_input_projections()
         for router in (m for m in model.modules() if isinstance(m, TopKRouter)):
             router.weight_f32()                  # allocate now, not inside a graph warm-up
         for moe in (m for m in model.modules() if isinstance(m, MoE)):
@@ -281,11 +297,31 @@ def enable_fast_path(model: nn.Module, config: ModelConfig, dtype: torch.dtype, 
     if has_moe(model):
         from kernels.fused_moe.fused_moe_triton import fused_moe
         set_experts_fn(model, fused_moe)
+        if layer_fusions:
+            fuse_shared_experts(model, fused_moe)
     if not config.use_mla:
         shape = gqa_shape(model, dtype)
         return FastGQABackend(shape, choose_gqa_kernel(mla_kernel, shape), device)
     shape = mla_shape(model, dtype)
     return FastMLABackend(shape, choose_mla_kernel(mla_kernel, shape), device)
+
+
+def fuse_shared_experts(model: nn.Module, fused_moe_fn: Callable) -> int:
+    """Stack every MoE layer's shared experts after its routed ones (MoE.fuse_shared_experts: one rank,
+    after loading), so each layer's experts run in one fused-MoE call whose launch configs still come from
+    the routed experts' tuned table. Layer by layer, returning each layer's replaced tensors to the device
+    before the next (the KV pool is sized after this). Returns how many layers were fused."""
+    import functools
+
+    fused = 0
+    for moe in (m for m in model.modules() if isinstance(m, MoE)):
+        if moe.fuse_shared_experts():
+            moe.experts_fn = functools.partial(
+                fused_moe_fn, config_shape=(moe.experts.num_local, moe.gate.config.num_experts_per_tok))
+            fused += 1
+            if moe.experts.w13.is_cuda:
+                torch.cuda.empty_cache()
+    return fused
 
 
 @contextmanager

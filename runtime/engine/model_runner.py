@@ -82,7 +82,7 @@ class ModelRunner:
         self.graphs_agreed, self.step_graph_bs = False, None
         if fast is not None and fast.enabled:
             self.attn_backend = enable_fast_path(self.model, config, self.dtype, self.device, fast.mla_kernel,
-                                                 fast.fused_small_ops)
+                                                 fast.fused_small_ops, fast.layer_fusions)
         use_graphs = fast is not None and fast.enabled and fast.cuda_graph and self.attn_backend is not None
         if fast is not None and fast.cuda_graph and self.device.type == "cuda" and not use_graphs:
             warnings.warn("cuda_graph needs the fast path; decode runs eagerly")

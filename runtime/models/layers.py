@@ -71,7 +71,11 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 class SmallOps(Protocol):
     """Fused kernels for the small ops of a forward (runtime/engine/fast_path.FusedSmallOps on CUDA).
     A model whose `small_ops` is None runs the torch code of this package instead (the reference).
-    Implementations may overwrite their inputs where noted; none may sync with the host."""
+    Implementations may overwrite their inputs where noted; none may sync with the host.
+    `routes_few_tokens`: whether MoE layers may call `route` for steps of up to
+    runtime.models.moe.ROUTER_KERNEL_MAX_TOKENS tokens."""
+
+    routes_few_tokens: bool
 
     def rmsnorm(self, x: torch.Tensor, norm: "RMSNorm") -> torch.Tensor:
         """x [T, W] (rows may be strided) -> new [T, W]."""
@@ -89,6 +93,14 @@ class SmallOps(Protocol):
     def rope(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, interleaved: bool,
              q_out: torch.Tensor | None = None) -> None:
         """Rotate q [T, N, R] (into q_out when given) and k [T, R] or [T, N, R] in place, at positions [T]."""
+
+    def route(self, x: torch.Tensor, router_rows: torch.Tensor, num_experts: int, top_k: int, scoring_func: str,
+              norm_topk_prob: bool, routed_scaling_factor: float, num_shared: int,
+              gate_row: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Greedy MoE routing in two launches: x [T, H] against router_rows [E (+1 gate row), H] -> topk_weights
+        [T, K + S] float32, topk_ids [T, K + S] int32 (runtime.models.moe.select_experts' greedy choice, then
+        append_shared_pairs' S shared pairs, weighed by the gate row when gate_row), and the float32
+        logits [T, E (+1)]."""
 
 
 class GatedMLP(nn.Module):

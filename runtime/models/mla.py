@@ -55,6 +55,7 @@ class MLAttention(nn.Module):
         self.scale = qk_dim ** -0.5 * yarn_softmax_mscale(config.rope, config.max_position_embeddings)
         self.register_buffer("w_uk", None, persistent=False)   # [N, Dn, C]
         self.register_buffer("w_uv", None, persistent=False)   # [N, Dv, C]
+        self.input_proj_weight: torch.Tensor | None = None     # [N*(Dn+R) or Q, H] over [C + R, H] (fuse_input_projections)
         if parallel.sharded:   # heads split (q, kv_b column-, o row-parallel); the latent path is replicated
             shard_mla_heads(self, parallel, config.num_attention_heads)
 
@@ -63,6 +64,35 @@ class MLAttention(nn.Module):
         w = self.kv_b_proj.weight.view(self.num_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
         self.w_uk = w[:, :self.nope_dim].contiguous()
         self.w_uv = w[:, self.nope_dim:].contiguous()
+
+    @torch.no_grad()
+    def fuse_input_projections(self) -> bool:
+        """Stack the two projections that read the layer input -- q_proj (q_a_proj with the q LoRA) and
+        kv_a_proj_with_mqa -- into one weight, so the fused path runs one GEMM for both (SGLang's
+        fused_qkv_a_proj_with_mqa). Both Linears keep views of its rows (no second copy; the reference path
+        reads the same values). Bias-free projections only; run after loading. Returns whether it fused."""
+        first = self.q_proj if hasattr(self, "q_proj") else self.q_a_proj
+        kv_a = self.kv_a_proj_with_mqa
+        if self.input_proj_weight is not None or first.bias is not None or kv_a.bias is not None:
+            return False
+        stacked = torch.cat([first.weight.data, kv_a.weight.data])                 # [Nq + C + R, H]
+        rows = first.weight.shape[0]
+        first.weight = nn.Parameter(stacked[:rows], requires_grad=False)
+        kv_a.weight = nn.Parameter(stacked[rows:], requires_grad=False)
+        self.input_proj_weight = stacked
+        return True
+
+    def _project_input(self, x: torch.Tensor, ops: SmallOps) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, H] -> q [T, N, Dn + R] (pe not rotated), latent [T, C + R]: one GEMM when the input projections
+        are stacked (both results are row-strided views of its output), else two."""
+        if self.input_proj_weight is None:
+            return self._query(x, ops), self.kv_a_proj_with_mqa(x)
+        both = torch.nn.functional.linear(x, self.input_proj_weight)             # [T, Nq + C + R]
+        split = both.shape[1] - (self.kv_lora_rank + self.rope_dim)
+        head, latent = both[:, :split], both[:, split:]
+        if not hasattr(self, "q_proj"):
+            head = self.q_b_proj(ops.rmsnorm(head, self.q_a_layernorm))
+        return head.view(x.shape[0], self.num_heads, self.nope_dim + self.rope_dim), latent
 
     def _query(self, x: torch.Tensor, ops: SmallOps | None = None) -> torch.Tensor:   # [T, H] -> [T, N, Dn + R]
         if hasattr(self, "q_proj"):
@@ -97,8 +127,7 @@ class MLAttention(nn.Module):
         attention in the form the step is planned in) runs through ctx.run_attention, where piecewise
         CUDA graphs split the layer."""
         num_tokens, n = x.shape[0], self.num_heads
-        q = self._query(x, ops)                                            # [T, N, Dn + R], pe not rotated
-        latent = self.kv_a_proj_with_mqa(x)                                # [T, C + R]
+        q, latent = self._project_input(x, ops)                            # [T, N, Dn + R] pe not rotated, [T, C + R]
         c_kv = ops.rmsnorm(latent[:, :self.kv_lora_rank], self.kv_a_layernorm)   # [T, C]
         k_pe = latent[:, self.kv_lora_rank:]                               # [T, R], rotated in place
         q_pe = x.new_empty(num_tokens, n, self.rope_dim)                   # [T, N, R]
@@ -111,6 +140,7 @@ class MLAttention(nn.Module):
         """[T, N, Dn + R] (pe part not rotated), [T, N, R] rotated, [T, C], [T, R] rotated -> [T, N, Dv]."""
         num_tokens, n = q.shape[0], self.num_heads
         if ctx.backend.mla_as_mha(ctx.fb):
+            q = q.contiguous()                                             # a view of the stacked GEMM's rows
             q[..., self.nope_dim:].copy_(q_pe)                             # q = [q_nope | rotated q_pe]
             return self._attend_as_mha(q, c_kv, k_pe, ctx)
         q_latent = q.new_empty(num_tokens, n, self.kv_lora_rank)           # [T, N, C]

@@ -19,6 +19,25 @@ from runtime.models.layers import GatedMLP, Linear, SmallOps, empty_param
 # (hidden [T, H], w13 [E, 2I, H], w2 [E, H, I], topk_weights [T, K], topk_ids [T, K]) -> [T, H]
 MoEFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
+# Fused path, measured on an H200 at DeepSeek-V2-Lite's shapes (experiments/bench_layer_fusions.py): SmallOps.route
+# beats the router GEMM + softmax + top-k up to 512 tokens (6.6 vs 21 us at 64, 21 vs 31 at 512, even at 1024);
+# stacked shared experts beat the dense shared MLP up to 64 (48 vs 55 us at 1 token; +5-8% at 128-512)
+ROUTER_KERNEL_MAX_TOKENS = 512
+STACKED_SHARED_MAX_TOKENS = 64
+
+
+def append_shared_pairs(topk_weights: torch.Tensor, topk_ids: torch.Tensor, first_shared: int, num_shared: int,
+                        gate_logit: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """[T, K] routing -> [T, K + S]: every token also takes experts first_shared..first_shared+S-1 (shared
+    experts stacked after the routed ones), weighted 1, or sigmoid(gate_logit [T, 1]) (Qwen2-MoE's gate)."""
+    num_tokens = topk_ids.shape[0]
+    ids = torch.arange(first_shared, first_shared + num_shared, device=topk_ids.device, dtype=topk_ids.dtype)
+    if gate_logit is None:
+        weights = topk_weights.new_ones(num_tokens, num_shared)
+    else:
+        weights = torch.sigmoid(gate_logit.float()).expand(num_tokens, num_shared)
+    return torch.cat([topk_weights, weights], dim=1), torch.cat([topk_ids, ids.expand(num_tokens, num_shared)], dim=1)
+
 
 def select_experts(
     logits: torch.Tensor,                 # [T, E] float32 router logits
@@ -172,7 +191,9 @@ class MoE(nn.Module):
     default; the Triton kernel plugs in with the same signature). Sharded (`parallel`): the router is
     whole on every rank, the routed experts are this rank's (runtime.distributed.layers.local_expert_routing
     drops other ranks' pairs), shared experts are split tp ways like a dense MLP (each token's shared
-    expert computed once over the group); the output is a partial sum the decoder layer all-reduces."""
+    expert computed once over the group); the output is a partial sum the decoder layer all-reduces.
+    `fuse_shared_experts()` (the fast path, one rank) stacks the shared experts after the routed ones, so
+    one fused-MoE call computes both (SGLang's shared-experts fusion)."""
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str,
                  experts_fn: MoEFn = fused_moe_ref, parallel: ModelParallel = SINGLE):
@@ -182,6 +203,7 @@ class MoE(nn.Module):
         self.experts = StackedExperts(config.num_experts, hidden, config.moe_intermediate_size, dtype, device,
                                       parallel)
         self.expert_parallel = parallel.ep_size > 1
+        self.sharded = parallel.sharded
         self.experts_fn = experts_fn
         self.shared_experts = self.shared_expert = self.shared_expert_gate = None
         if config.n_shared_experts:            # DeepSeek: added as is
@@ -191,7 +213,9 @@ class MoE(nn.Module):
             self.shared_expert = GatedMLP(hidden, config.shared_expert_intermediate_size, False, dtype, device,
                                           parallel)
             self.shared_expert_gate = Linear(hidden, 1, False, dtype, device)
+        self.num_fused_shared = 0              # S shared experts stacked as experts E..E+S-1 (fuse_shared_experts)
         self._fused_router_weight: torch.Tensor | None = None   # fast path: router (+ shared gate) in float32
+        self._router_rows: torch.Tensor | None = None           # the same rows in the weights' dtype (route kernel)
 
     def forward(self, x: torch.Tensor, ops: SmallOps | None = None) -> torch.Tensor:   # [T, H] -> [T, H]
         if ops is not None:
@@ -199,6 +223,11 @@ class MoE(nn.Module):
         topk_weights, topk_ids = self.gate(x)                    # [T, K], [T, K]
         if self.expert_parallel:
             topk_weights, topk_ids = self._local_routing(topk_weights, topk_ids)
+        if self.num_fused_shared:
+            gate_logit = self.shared_expert_gate(x) if self.shared_expert_gate is not None else None
+            topk_weights, topk_ids = append_shared_pairs(topk_weights, topk_ids, self.experts.num_local,
+                                                         self.num_fused_shared, gate_logit)
+            return self.experts_fn(x, self.experts.w13, self.experts.w2, topk_weights, topk_ids)
         out = self.experts_fn(x, self.experts.w13, self.experts.w2, topk_weights, topk_ids)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
@@ -207,25 +236,72 @@ class MoE(nn.Module):
         return out
 
     def _forward_fused(self, x: torch.Tensor, ops: SmallOps) -> torch.Tensor:
-        """Same sum; the router reads its cached float32 weight and the shared experts add into the routed
-        output inside their down GEMM (experts_fn must return a fresh tensor). Qwen2-MoE's shared-expert
-        gate is one more row of the router GEMM, and its sigmoid scales the activation before the down GEMM
-        (down is linear without bias), so the gated shared expert costs its two GEMMs and one fused kernel."""
-        if self.shared_expert is None:
-            topk_weights, topk_ids = self.gate(x, cached_f32=True)             # [T, K], [T, K]
+        """Same sum in fewer launches. Steps of up to ROUTER_KERNEL_MAX_TOKENS tokens route in two kernels
+        (ops.route: logits, scores, top-k, and the stacked shared experts' pairs); otherwise the router reads
+        its cached float32 weight (Qwen2-MoE's shared-expert gate is one more row of either). Stacked shared
+        experts run inside the fused MoE up to STACKED_SHARED_MAX_TOKENS tokens; past that (where one grouped
+        GEMM over T rows per shared expert is slower than dense GEMMs), and when not stacked, the shared MLP
+        adds into the routed output inside its down GEMM (experts_fn must return a fresh tensor), its gate's
+        sigmoid scaling the activation (down is linear without bias)."""
+        num_tokens, gated = x.shape[0], self.shared_expert_gate is not None
+        stacked = self.num_fused_shared if num_tokens <= STACKED_SHARED_MAX_TOKENS else 0
+        if num_tokens <= ROUTER_KERNEL_MAX_TOKENS and ops.routes_few_tokens and self.routes_in_one_kernel():
+            cfg, num_experts = self.gate.config, self.gate.weight.shape[0]
+            topk_weights, topk_ids, logits = ops.route(
+                x, self.router_rows(), num_experts, cfg.num_experts_per_tok, cfg.scoring_func,
+                cfg.norm_topk_prob, cfg.routed_scaling_factor, stacked, gated)
+            gate_logit = logits[:, num_experts:] if gated else None                # [T, 1] float32
         else:
-            logits = x.float() @ self.fused_router_weight().t()                # [T, E + 1]
-            num_experts = self.gate.weight.shape[0]                            # all experts (router rows)
-            topk_weights, topk_ids = self.gate.select(logits[:, :num_experts])
-            gate_logit = logits[:, num_experts:]                               # [T, 1] float32
-        if self.expert_parallel:
-            topk_weights, topk_ids = self._local_routing(topk_weights, topk_ids)
+            gate_logit = None
+            if not gated:
+                topk_weights, topk_ids = self.gate(x, cached_f32=True)             # [T, K], [T, K]
+            else:
+                logits = x.float() @ self.fused_router_weight().t()                # [T, E + 1]
+                num_experts = self.gate.weight.shape[0]                            # all experts (router rows)
+                topk_weights, topk_ids = self.gate.select(logits[:, :num_experts])
+                gate_logit = logits[:, num_experts:]                               # [T, 1] float32
+            if self.expert_parallel:
+                topk_weights, topk_ids = self._local_routing(topk_weights, topk_ids)
+            if stacked:
+                topk_weights, topk_ids = append_shared_pairs(topk_weights, topk_ids, self.experts.num_local,
+                                                             stacked, gate_logit)
         out = self.experts_fn(x, self.experts.w13, self.experts.w2, topk_weights, topk_ids)
+        if stacked:
+            return out
+        if self.num_fused_shared:
+            return self._stacked_shared_add(x, out, ops, gate_logit)
         if self.shared_experts is not None:
             out = self.shared_experts.forward_add(x, out, ops)
         if self.shared_expert is not None:
             out = self.shared_expert.forward_add_gated(x, out, ops, gate_logit)
         return out
+
+    def _stacked_shared_add(self, x: torch.Tensor, out: torch.Tensor, ops: SmallOps,
+                            gate_logit: torch.Tensor | None) -> torch.Tensor:
+        """out + the shared MLP of x, as dense GEMMs over the stacked experts' rows (no second copy of the
+        weights): w13[E:] [S, 2I, H] is one [S*2I, H] weight whose output [T, S*2I] is S (gate | up) blocks,
+        i.e. [T*S, 2I] rows for one SiLU-and-mul; then one down GEMM per piece adds into out."""
+        num_tokens, first, pieces, inter = x.shape[0], self.experts.num_local, self.num_fused_shared, self.experts.inter
+        w13, w2 = self.experts.w13[first:], self.experts.w2[first:]               # [S, 2I, H], [S, H, I]
+        gate_up = torch.nn.functional.linear(x, w13.reshape(pieces * 2 * inter, -1))   # [T, S*2I]
+        rows = gate_up.view(num_tokens * pieces, 2 * inter)                        # [T*S, 2I]
+        if gate_logit is None:
+            act = ops.silu_and_mul(rows)                                           # [T*S, I]
+        else:
+            act = ops.silu_and_mul_gated(rows, gate_logit.repeat_interleave(pieces, dim=0))
+        act = act.view(num_tokens, pieces * inter)                                 # [T, S*I]
+        for piece in range(pieces):
+            out.addmm_(act[:, piece * inter:(piece + 1) * inter], w2[piece].t())
+        return out
+
+    def routes_in_one_kernel(self) -> bool:
+        """Whether SmallOps.route can route this layer: greedy choice on softmax/sigmoid scores without a
+        correction bias, one rank's experts (no EP re-mapping), at most 256 router rows."""
+        cfg = self.gate.config
+        greedy = cfg.topk_method == "greedy" or (cfg.topk_method == "group_limited_greedy" and cfg.n_group <= 1)
+        rows = self.gate.weight.shape[0] + (1 if self.shared_expert_gate is not None else 0)
+        return (greedy and self.gate.e_score_correction_bias is None and not self.expert_parallel
+                and cfg.scoring_func in ("softmax", "sigmoid") and rows <= 256)
 
     def _local_routing(self, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return local_expert_routing(topk_weights, topk_ids, self.experts.first_expert, self.experts.num_local)
@@ -240,8 +316,49 @@ class MoE(nn.Module):
             self._fused_router_weight = weight
         return self._fused_router_weight
 
+    def router_rows(self) -> torch.Tensor:
+        """[E (+1), H] in the weights' dtype, made once: the router rows and the shared-expert gate row, as the
+        route kernel reads them (it multiplies in float32: the same products as the float32 copy)."""
+        if self._router_rows is None:
+            rows = self.gate.weight
+            if self.shared_expert_gate is not None:
+                rows = torch.cat([rows, self.shared_expert_gate.weight], dim=0)
+            self._router_rows = rows.contiguous()
+        return self._router_rows
+
+    def can_fuse_shared_experts(self) -> bool:
+        """One rank, bias-free shared experts whose intermediate size is a whole number of routed experts'."""
+        mlp = self.shared_experts if self.shared_experts is not None else self.shared_expert
+        if mlp is None or self.sharded or self.num_fused_shared:
+            return False
+        shared_inter, inter = mlp.down_proj.weight.shape[1], self.experts.inter
+        return mlp.gate_up_proj.bias is None and mlp.down_proj.bias is None and shared_inter % inter == 0
+
+    @torch.no_grad()
+    def fuse_shared_experts(self) -> int:
+        """Stack the shared experts after the routed ones as S = shared intermediate / expert intermediate
+        experts (ids E..E+S-1; piece s holds gate, up rows and down columns s*I..(s+1)*I, so the sum over the
+        pieces is the shared MLP), and drop the separate MLP: every token then takes its top-k plus those S,
+        weighted 1 (DeepSeek) or by the sigmoid gate (Qwen2-MoE). Returns S (0: not fusable, unchanged).
+        Run after the weights are loaded; the routed experts' loaders keep addressing ids below E."""
+        if not self.can_fuse_shared_experts():
+            return 0
+        mlp = self.shared_experts if self.shared_experts is not None else self.shared_expert
+        experts, inter = self.experts, self.experts.inter
+        num_shared = mlp.down_proj.weight.shape[1] // inter
+        gate, up = mlp.gate_up_proj.weight.chunk(2, dim=0)                     # [S*I, H] each
+        shared_w13 = torch.cat([gate.view(num_shared, inter, -1), up.view(num_shared, inter, -1)], dim=1)  # [S, 2I, H]
+        down = mlp.down_proj.weight                                            # [H, S*I]
+        shared_w2 = down.view(down.shape[0], num_shared, inter).permute(1, 0, 2)                           # [S, H, I]
+        experts.w13 = nn.Parameter(torch.cat([experts.w13.data, shared_w13]), requires_grad=False)
+        experts.w2 = nn.Parameter(torch.cat([experts.w2.data, shared_w2]), requires_grad=False)
+        self.shared_experts = self.shared_expert = None
+        self.num_fused_shared = num_shared
+        return num_shared
+
     def post_load(self) -> None:
         self._fused_router_weight = None
+        self._router_rows = None
 
 
 def set_experts_fn(model: nn.Module, experts_fn: MoEFn) -> int:

@@ -32,7 +32,7 @@ def op_rows(runner, num_tokens: int, repeats: int, max_logit_rows: int) -> list[
         ops = getattr(model, "small_ops", None)
         weights, ids = moe.gate(x)                                              # [T, K], [T, K]
         w13, w2 = moe.experts.w13, moe.experts.w2
-        balanced = balanced_ids(num_tokens, ids.shape[1], w13.shape[0], device)
+        balanced = balanced_ids(num_tokens, ids.shape[1], moe.experts.num_local, device)   # routed experts only
         uniform = torch.full_like(weights, 1.0 / ids.shape[1])
         rows += [
             _row("moe_layer", num_tokens, time_op(lambda: moe(x, ops), device, repeats)),

@@ -197,16 +197,20 @@ def _count_kernels(model: ModelSpec, layout: ParallelLayout, per_layer: int | No
     if per_layer is not None:
         return model.num_layers * per_layer + STEP_KERNELS
     collective = 1 if layout.tp > 1 else 0
+    one_rank = layout.tp == 1 and layout.ep == 1
     total = STEP_KERNELS
     for i in range(model.num_layers):
-        total += 11 if model.is_mla else 7          # norms, projections, rope, cache, attention
+        total += 10 if model.is_mla else 7          # norms, projections (MLA: q and kv_a in one), rope, cache, attention
         total += collective
         if not model.is_moe_layer(i):
             total += 3 + collective                   # gate_up, act, down
             continue
         total += 7                                    # gate, topk, align, 2 grouped GEMMs, act, sum
-        total += 3 if model.shared_expert_intermediate_size else 0
-        total += 1 if model.architecture == "qwen2_moe" else 0
+        # shared experts: on one rank stacked into the grouped GEMMs (the runtime's decode steps; SGLang's
+        # shared-experts fusion), the gate of Qwen2-MoE's one more router row; else their own MLP
+        if not one_rank:
+            total += 3 if model.shared_expert_intermediate_size else 0
+            total += 1 if model.architecture == "qwen2_moe" else 0
         total += collective                           # the all-reduce (with ep: the combine)
         total += 1 if layout.ep > 1 else 0            # ep: other ranks' experts' ids -> -1
     return total
