@@ -22,6 +22,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from scipy.optimize import least_squares
 
+from runtime.core.fusion_limits import STACKED_SHARED_MAX_TOKENS
 from runtime.core.hardware import HardwareSpec
 from runtime.core.layout import ParallelLayout
 from runtime.core.model_spec import ModelSpec
@@ -32,8 +33,17 @@ ROOT = Path(__file__).resolve().parents[1]
 ROOFLINE_YAML = ROOT / "conf" / "costmodel" / "roofline.yaml"
 # Kernels of each operator timed alone in ops.csv, counted as roofline_ops._count_kernels counts them.
 OP_KERNELS = {"moe_experts_routed": 5,    # align, two grouped GEMMs, activation, weighted sum
-              "moe_layer": 10,            # + router GEMM, top-k, shared experts' three kernels
+              "moe_layer": 7,             # + router GEMM, top-k (shared experts stacked into the grouped GEMMs)
               "lm_head_sampler": 4}       # LM head, fp32 cast, two sampler kernels
+
+
+def op_kernels(op: str, model: ModelSpec, num_tokens: int) -> int:
+    """OP_KERNELS, plus, for a MoE layer past STACKED_SHARED_MAX_TOKENS on one rank, the dense shared MLP over
+    the stacked rows: one gate_up GEMM, one activation, one down GEMM per stacked piece."""
+    if op != "moe_layer" or num_tokens <= STACKED_SHARED_MAX_TOKENS or not model.shared_expert_intermediate_size:
+        return OP_KERNELS[op]
+    pieces = max(1, model.shared_expert_intermediate_size // model.moe_intermediate_size)
+    return OP_KERNELS[op] + 2 + pieces
 OP_PARTS = {"moe_experts_routed": ("moe_experts",), "moe_layer": ("moe_gate", "moe_experts", "shared_experts"),
             "lm_head_sampler": ("lm_head", "sampler")}
 
@@ -169,7 +179,7 @@ def eager_op_s(cm: RooflineCostModel, op: str, shape: StepShape) -> float:
     step of that many tokens, per layer) and kernel floors, or its kernels' launches, the larger."""
     parts = cm.breakdown_s(shape)
     per_layer = cm.coef.num_moe_layers if op.startswith("moe") else 1
-    kernels = OP_KERNELS[op]
+    kernels = op_kernels(op, cm.model, shape.num_tokens)
     gpu = sum(parts[p] for p in OP_PARTS[op]) / per_layer + kernels * (cm.coef.kernel_floor_s + cm.coef.eager_kernel_gap_s)
     return max(gpu + cm.kernel_launch_s, kernels * cm.kernel_launch_s)
 

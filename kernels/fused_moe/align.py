@@ -14,6 +14,10 @@ Contract, identical for both versions (bit for bit):
                                only the pairs to compute, so the GEMMs' blocks past it exit at once.
   Experts without tokens get no block. EM stays the worst case of M*K pairs (static shapes for graphs).
 
+Sizes that change with the step's tokens are not specialised on (do_not_specialize): Triton would otherwise
+compile another variant when one first turns (not) divisible by 16 -- inside a serving step, ~0.5 s (seen on
+an H200 at a 6,787-token prefill the warm-up had not covered).
+
 Versions:
   v1 moe_align_block_size_torch: argsort + searchsorted, about ten small torch launches; the oracle.
   v2 moe_align_block_size: three Triton launches -- per-chunk expert histograms (and the sentinel
@@ -79,7 +83,7 @@ def moe_align_block_size_torch(topk_ids: torch.Tensor, block_size: int, num_expe
     return AlignedRouting(sorted_ids, expert_ids, total.reshape(1).to(torch.int32))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_slots", "capacity", "chunk_len", "fill_len"])
 def _align_count_kernel(
     topk_ids_ptr, partial_ptr, sorted_ptr,
     num_slots, capacity, chunk_len, fill_len,
@@ -101,7 +105,7 @@ def _align_count_kernel(
         tl.store(sorted_ptr + offs, sentinel, mask=offs < capacity)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_programs", "num_blocks"])
 def _align_prefix_kernel(
     partial_ptr, base_ptr, expert_ids_ptr, num_post_ptr,
     num_programs, num_blocks,
@@ -128,7 +132,7 @@ def _align_prefix_kernel(
         tl.store(expert_ids_ptr + blocks, expert, mask=blocks < num_blocks)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_slots", "chunk_len"])
 def _align_scatter_kernel(
     topk_ids_ptr, base_ptr, sorted_ptr,
     num_slots, chunk_len,
@@ -150,7 +154,7 @@ def _align_scatter_kernel(
         running += tl.sum(onehot, axis=0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_slots", "capacity", "num_blocks"])
 def _align_one_program_kernel(
     topk_ids_ptr, sorted_ptr, expert_ids_ptr, num_post_ptr,
     num_slots, capacity, num_blocks,

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from kernels.fused_moe.ref import fused_moe_ref
+from runtime.core.fusion_limits import ROUTER_KERNEL_MAX_TOKENS, STACKED_SHARED_MAX_TOKENS
 from runtime.distributed.layers import local_expert_routing
 from runtime.distributed.sharding import SINGLE, ModelParallel, Piece, Split, annotate, shard_spec
 from runtime.models.config import ModelConfig
@@ -18,12 +19,6 @@ from runtime.models.layers import GatedMLP, Linear, SmallOps, empty_param
 
 # (hidden [T, H], w13 [E, 2I, H], w2 [E, H, I], topk_weights [T, K], topk_ids [T, K]) -> [T, H]
 MoEFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-
-# Fused path, measured on an H200 at DeepSeek-V2-Lite's shapes (experiments/bench_layer_fusions.py): SmallOps.route
-# beats the router GEMM + softmax + top-k up to 512 tokens (6.6 vs 21 us at 64, 21 vs 31 at 512, even at 1024);
-# stacked shared experts beat the dense shared MLP up to 64 (48 vs 55 us at 1 token; +5-8% at 128-512)
-ROUTER_KERNEL_MAX_TOKENS = 512
-STACKED_SHARED_MAX_TOKENS = 64
 
 
 def append_shared_pairs(topk_weights: torch.Tensor, topk_ids: torch.Tensor, first_shared: int, num_shared: int,
@@ -245,7 +240,7 @@ class MoE(nn.Module):
         sigmoid scaling the activation (down is linear without bias)."""
         num_tokens, gated = x.shape[0], self.shared_expert_gate is not None
         stacked = self.num_fused_shared if num_tokens <= STACKED_SHARED_MAX_TOKENS else 0
-        if num_tokens <= ROUTER_KERNEL_MAX_TOKENS and ops.routes_few_tokens and self.routes_in_one_kernel():
+        if num_tokens <= ROUTER_KERNEL_MAX_TOKENS and ops.routes_few_tokens and self.routes_with_kernel():
             cfg, num_experts = self.gate.config, self.gate.weight.shape[0]
             topk_weights, topk_ids, logits = ops.route(
                 x, self.router_rows(), num_experts, cfg.num_experts_per_tok, cfg.scoring_func,
@@ -294,7 +289,7 @@ class MoE(nn.Module):
             out.addmm_(act[:, piece * inter:(piece + 1) * inter], w2[piece].t())
         return out
 
-    def routes_in_one_kernel(self) -> bool:
+    def routes_with_kernel(self) -> bool:
         """Whether SmallOps.route can route this layer: greedy choice on softmax/sigmoid scores without a
         correction bias, one rank's experts (no EP re-mapping), at most 256 router rows."""
         cfg = self.gate.config

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from runtime.core.fusion_limits import STACKED_SHARED_MAX_TOKENS
 from runtime.core.hardware import HardwareSpec
 from runtime.core.layout import ParallelLayout
 from runtime.core.mla_form import mla_attends_as_mha
@@ -86,6 +87,7 @@ class LayerCoefficients:
     shared_params: float
     shared_bytes: float
     shared_act_bytes_per_token: float
+    shared_stacked_max_tokens: int     # steps of up to this many tokens run the shared experts in the grouped GEMMs
     # once per step
     lm_head_params: float
     lm_head_bytes: float
@@ -155,6 +157,7 @@ class LayerCoefficients:
             shared_params=moe_p["shared_experts"] if moe_p else 0,
             shared_bytes=moe_b["shared_experts"] if moe_b else 0,
             shared_act_bytes_per_token=(2 * H + 3 * shared_width) * ab,
+            shared_stacked_max_tokens=STACKED_SHARED_MAX_TOKENS if layout.tp == 1 and layout.ep == 1 else 0,
             lm_head_params=model.vocab_size * H / tp,
             lm_head_bytes=model.vocab_size * H / tp * model.bytes_per_param("lm_head"),
             logits_bytes_per_seq=model.vocab_size / tp * 4,
@@ -265,9 +268,11 @@ def price_fixed_terms(c: LayerCoefficients, extend_new: tuple[int, ...],
         gpu["moe_gate"] = Lm * _roof(2 * T * c.router_params, c.router_bytes + T * H * ab,
                                      c.bf16_gemm_flops_per_s, c.gemm_bytes_per_s)
         gpu["moe_experts"] = Lm * moe_experts_s(c, T)
+        stacked = T <= c.shared_stacked_max_tokens      # one rank: the runtime's stacked shared experts
         gpu["shared_experts"] = Lm * _roof(2 * T * c.shared_params,
                                            c.shared_bytes + T * c.shared_act_bytes_per_token,
-                                           c.linear_flops_per_s, c.gemm_bytes_per_s)
+                                           c.moe_flops_per_s if stacked else c.linear_flops_per_s,
+                                           c.moe_bytes_per_s if stacked else c.gemm_bytes_per_s)
     gpu["lm_head"] = lm_head_s(c, S)
     elementwise_bytes = L * (T * c.elementwise_bytes_per_token_layer + c.norm_bytes_per_layer)
     gpu["elementwise"] = (elementwise_bytes + T * H * ab) / c.gemm_bytes_per_s   # + embedding

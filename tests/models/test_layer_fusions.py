@@ -88,7 +88,7 @@ def test_fused_path_with_stacked_experts_keeps_hf_logits(moe_pair: Pair, monkeyp
         first = a.q_proj if hasattr(a, "q_proj") else a.q_a_proj
         assert first.weight.data_ptr() == a.input_proj_weight.data_ptr()
         assert a.kv_a_proj_with_mqa.weight.data_ptr() == a.input_proj_weight[first.weight.shape[0]:].data_ptr()
-    routed_in_kernel = [m.routes_in_one_kernel() for m in model.modules() if isinstance(m, MoE)]
+    routed_in_kernel = [m.routes_with_kernel() for m in model.modules() if isinstance(m, MoE)]
     assert all(routed_in_kernel) == (moe_pair.family == "qwen2_moe")
     assert rel_err(decode_logits(model, ids, 4), ref[-4:]) <= TOL
 
