@@ -149,3 +149,17 @@ def test_shape_and_constructor_validation() -> None:
         StepShape(num_decode_reqs=4, decode_context_tokens=3)
     with pytest.raises(ValueError, match="mfu"):
         cost_model(mfu=1.5)
+
+
+def test_shared_experts_priced_as_the_runtime_runs_them() -> None:
+    """One rank: up to STACKED_SHARED_MAX_TOKENS the shared experts ride in the fused MoE's grouped GEMMs
+    (its rates); past it, and under tp, they are a dense MLP (the dense rates). Different rates, so the
+    price per token changes at the limit on one rank only."""
+    from runtime.core.fusion_limits import STACKED_SHARED_MAX_TOKENS as limit
+    slow_moe = dict(moe_mfu=0.05, moe_mbu=0.05)           # make the two rate families far apart
+    one = cost_model(**slow_moe)
+    two = cost_model(layout=ParallelLayout(tp=2), **slow_moe)
+    at, past = one.breakdown_s(decode(limit))["shared_experts"], one.breakdown_s(decode(limit + 1))["shared_experts"]
+    assert past < 0.5 * at                                  # leaving the slow grouped GEMMs
+    tp_at, tp_past = two.breakdown_s(decode(limit))["shared_experts"], two.breakdown_s(decode(limit + 1))["shared_experts"]
+    assert tp_past == pytest.approx(tp_at, rel=0.05)        # dense on both sides under tp
