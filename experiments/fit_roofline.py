@@ -35,6 +35,8 @@ ROOFLINE_YAML = ROOT / "conf" / "costmodel" / "roofline.yaml"
 OP_KERNELS = {"moe_experts_routed": 5,    # align, two grouped GEMMs, activation, weighted sum
               "moe_layer": 7,             # + router GEMM, top-k (shared experts stacked into the grouped GEMMs)
               "lm_head_sampler": 4}       # LM head, fp32 cast, two sampler kernels
+OP_PARTS = {"moe_experts_routed": ("moe_experts",), "moe_layer": ("moe_gate", "moe_experts", "shared_experts"),
+            "lm_head_sampler": ("lm_head", "sampler")}
 
 
 def op_kernels(op: str, model: ModelSpec, num_tokens: int) -> int:
@@ -44,8 +46,6 @@ def op_kernels(op: str, model: ModelSpec, num_tokens: int) -> int:
         return OP_KERNELS[op]
     pieces = max(1, model.shared_expert_intermediate_size // model.moe_intermediate_size)
     return OP_KERNELS[op] + 2 + pieces
-OP_PARTS = {"moe_experts_routed": ("moe_experts",), "moe_layer": ("moe_gate", "moe_experts", "shared_experts"),
-            "lm_head_sampler": ("lm_head", "sampler")}
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,7 @@ class RealSchema:
     warmup: bool = True                  # on CUDA: throw-away prefills first, so JIT kernels compile before serving
     fast_path: bool = True               # CUDA only: FlashInfer/Triton MLA + Triton fused MoE
     layer_fusions: bool = True           # CUDA fast path: shared experts stacked into the fused MoE (one GPU),
-                                         # few-token steps routed in one kernel, MLA input projections in one GEMM
+                                         # steps of up to 512 tokens routed by one Triton kernel pair, MLA input projections in one GEMM
     cuda_graph: bool = True              # CUDA only, needs fast_path and an MLA model: decode graphs
     cuda_graph_max_bs: Optional[int] = None   # largest captured decode batch; null = scheduler.max_running_requests
     piecewise_cuda_graph: bool = True    # CUDA, fast path, one GPU: extend/mixed steps replay per-layer graph pieces

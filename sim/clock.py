@@ -15,14 +15,10 @@ class ExactClock(simpy.Environment):
     now + delay (simpy 4's queue entries: time, priority, event id, event)."""
 
     def timeout_until(self, t_s: float) -> simpy.Event:
+        """An event after which now == t_s exactly (at once if t_s is not after now)."""
         if t_s <= self.now:
             return self.timeout(0.0)
         event = simpy.Event(self)
         event._ok, event._value = True, None             # triggered as Event.succeed() does
         heappush(self._queue, (t_s, NORMAL, next(self._eid), event))
         return event
-
-
-def wait_until(env: simpy.Environment, t_s: float) -> simpy.Event:
-    """An event after which env.now == t_s exactly (at once if t_s is not after now)."""
-    return env.timeout_until(t_s)

@@ -20,7 +20,7 @@ from runtime.core.scheduler import Scheduler
 from runtime.run_checks import check_drained
 from sim.costmodel.base import StepShape
 from sim.costmodel.dp_attention import DPAttentionCostModel
-from sim.clock import ExactClock, wait_until
+from sim.clock import ExactClock
 from sim.driver import SimDriver
 from sim.executor import SimExecutor
 
@@ -64,7 +64,7 @@ class RoutedArrivals:
     def process(self):
         """The router's own process: route every request exactly at its arrival time."""
         while self.next_idx < len(self.specs):
-            yield wait_until(self.env, self.specs[self.next_idx].arrival_s)
+            yield self.env.timeout_until(self.specs[self.next_idx].arrival_s)
             self.route_until(self.env.now)
         self.route_until(self.env.now)
 
@@ -194,7 +194,7 @@ class DPAttentionSimDriver:
                     if any(sched.has_work() for sched in scheds):
                         raise RuntimeError("scheduler stalled: work left but no step planned")
                     return
-                yield wait_until(env, next_arrival)
+                yield env.timeout_until(next_arrival)
                 continue
             shapes = [StepShape.from_plan(p) if p is not None else StepShape() for p in plans]
             duration_s = self.cost_model.step_time_s(shapes)

@@ -19,7 +19,7 @@ from runtime.core.decode_runs import DecodeGroup
 from runtime.core.records import StepLog
 from runtime.core.request import Request, RequestSpec
 from runtime.core.scheduler import Scheduler
-from sim.clock import ExactClock, wait_until
+from sim.clock import ExactClock
 from sim.executor import SimExecutor
 
 
@@ -66,7 +66,7 @@ class SpecQueue:
         return self.next_idx < len(self.specs)
 
     def wait(self, env: simpy.Environment) -> simpy.Event:
-        return wait_until(env, self.specs[self.next_idx].arrival_s)
+        return env.timeout_until(self.specs[self.next_idx].arrival_s)
 
     def finished(self, requests: list[Request]) -> None:
         if self.on_finish is not None:
@@ -183,7 +183,7 @@ class SimDriver:
             done.extend(early)
             source.finished(early)
             finished = []
-        yield wait_until(env, ends[-1])
+        yield env.timeout_until(ends[-1])
         return finished + [r for r in ended if r.finish_s >= ends[-1]]
 
     def _run_costs(self, plan: StepPlan, num_steps: int, overlap: bool, start_s: float,
@@ -257,7 +257,7 @@ class SimDriver:
             nonlocal last
             if last is not None:
                 if last.end_s > env.now:
-                    yield wait_until(env, last.end_s)
+                    yield env.timeout_until(last.end_s)
                 if last.plan is not None:
                     sched.resolve(last.plan, last.result, env.now)
                     steps.record(last.plan, last.start_s, last.end_s, sched.kv.used_tokens(),
@@ -306,7 +306,7 @@ class SimDriver:
                     ended = sched.pop_finished()       # all resolve before the next arrival (run_length)
                     done.extend(ended)
                     source.finished(ended)
-                    yield wait_until(env, resume_s)
+                    yield env.timeout_until(resume_s)
                 else:
                     result = self.executor.execute(plan)
                     start = max(prev_end, t + result.host_s)

@@ -105,6 +105,19 @@ def _align_count_kernel(
         tl.store(sorted_ptr + offs, sentinel, mask=offs < capacity)
 
 
+@triton.jit
+def _store_expert_ids(expert_ids_ptr, padded_ends, total, num_blocks,
+                      BLOCK_SIZE_M: tl.constexpr, BLOCKS: tl.constexpr):
+    """expert_ids[b] = the expert whose padded range holds block b's first row (-1 past `total`), from the
+    experts' inclusive padded ends [E]."""
+    for step in range(0, num_blocks, BLOCKS):
+        blocks = step + tl.arange(0, BLOCKS)
+        starts = blocks * BLOCK_SIZE_M
+        expert = tl.sum((padded_ends[None, :] <= starts[:, None]).to(tl.int32), axis=1)  # [BLOCKS]
+        expert = tl.where(starts < total, expert, -1)
+        tl.store(expert_ids_ptr + blocks, expert, mask=blocks < num_blocks)
+
+
 @triton.jit(do_not_specialize=["num_programs", "num_blocks"])
 def _align_prefix_kernel(
     partial_ptr, base_ptr, expert_ids_ptr, num_post_ptr,
@@ -124,12 +137,7 @@ def _align_prefix_kernel(
     tl.store(base_ptr + tile_offs, (padded_ends - padded)[None, :] + before, mask=row_mask)
     total = tl.sum(padded, axis=0)
     tl.store(num_post_ptr, total)
-    for step in range(0, num_blocks, BLOCKS):
-        blocks = step + tl.arange(0, BLOCKS)
-        starts = blocks * BLOCK_SIZE_M
-        expert = tl.sum((padded_ends[None, :] <= starts[:, None]).to(tl.int32), axis=1)  # [BLOCKS]
-        expert = tl.where(starts < total, expert, -1)
-        tl.store(expert_ids_ptr + blocks, expert, mask=blocks < num_blocks)
+    _store_expert_ids(expert_ids_ptr, padded_ends, total, num_blocks, BLOCK_SIZE_M, BLOCKS)
 
 
 @triton.jit(do_not_specialize=["num_slots", "chunk_len"])
@@ -174,12 +182,7 @@ def _align_one_program_kernel(
     padded_ends = tl.cumsum(padded, axis=0)                                      # [E]
     total = tl.sum(padded, axis=0)
     tl.store(num_post_ptr, total)
-    for step in range(0, num_blocks, BLOCKS):
-        blocks = step + tl.arange(0, BLOCKS)
-        starts = blocks * BLOCK_SIZE_M
-        expert = tl.sum((padded_ends[None, :] <= starts[:, None]).to(tl.int32), axis=1)   # [BLOCKS]
-        expert = tl.where(starts < total, expert, -1)
-        tl.store(expert_ids_ptr + blocks, expert, mask=blocks < num_blocks)
+    _store_expert_ids(expert_ids_ptr, padded_ends, total, num_blocks, BLOCK_SIZE_M, BLOCKS)
     sentinel = tl.full([FILL], 0, dtype=tl.int32) + num_slots
     for step in range(0, capacity, FILL):
         fill = step + tl.arange(0, FILL)

@@ -8,3 +8,9 @@ beat the dense shared MLP up to 64 tokens (48 vs 55 us at one token) and lose 5-
 """
 ROUTER_KERNEL_MAX_TOKENS = 512   # SmallOps.route up to this many tokens
 STACKED_SHARED_MAX_TOKENS = 64   # MoE.fuse_shared_experts: stacked pairs up to this many tokens
+
+
+def stacks_shared_experts(tp: int, ep: int) -> bool:
+    """Whether the runtime stacks shared experts into the fused MoE: one rank only (sharded models keep them
+    as a tensor-parallel MLP)."""
+    return tp == 1 and ep == 1

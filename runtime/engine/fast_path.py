@@ -10,6 +10,7 @@ Kernel modules are imported lazily, so importing this file needs neither a GPU n
 """
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -48,7 +49,7 @@ class FastPathConfig:
     piecewise_token_buckets: tuple[int, ...] | None = None   # explicit sizes (tests, benchmarks); None = the grid
     mla_kernel: str = "auto"             # attention kernel, MLA and GQA: auto (FlashInfer when importable) | flashinfer | triton
     fused_small_ops: bool = True         # Triton add+RMSNorm / RMSNorm / SiLU-and-mul / rotary in the model
-    layer_fusions: bool = True           # stacked shared experts, one-kernel routing, one MLA input GEMM
+    layer_fusions: bool = True           # stacked shared experts, kernel routing (SmallOps.route), one MLA input GEMM
     progress: bool = True                # tqdm bar during capture
 
 
@@ -311,8 +312,6 @@ def fuse_shared_experts(model: nn.Module, fused_moe_fn: Callable) -> int:
     after loading), so each layer's experts run in one fused-MoE call whose launch configs still come from
     the routed experts' tuned table. Layer by layer, returning each layer's replaced tensors to the device
     before the next (the KV pool is sized after this). Returns how many layers were fused."""
-    import functools
-
     fused = 0
     for moe in (m for m in model.modules() if isinstance(m, MoE)):
         if moe.fuse_shared_experts():

@@ -73,7 +73,7 @@ class SmallOps(Protocol):
     A model whose `small_ops` is None runs the torch code of this package instead (the reference).
     Implementations may overwrite their inputs where noted; none may sync with the host.
     `routes_few_tokens`: whether MoE layers may call `route` for steps of up to
-    runtime.models.moe.ROUTER_KERNEL_MAX_TOKENS tokens."""
+    runtime.core.fusion_limits.ROUTER_KERNEL_MAX_TOKENS tokens."""
 
     routes_few_tokens: bool
 

@@ -321,9 +321,13 @@ class MoE(nn.Module):
             self._router_rows = rows.contiguous()
         return self._router_rows
 
+    def _shared_mlp(self) -> GatedMLP | None:
+        """The shared experts' MLP, DeepSeek's or Qwen2-MoE's gated one (None: none, or stacked)."""
+        return self.shared_experts if self.shared_experts is not None else self.shared_expert
+
     def can_fuse_shared_experts(self) -> bool:
         """One rank, bias-free shared experts whose intermediate size is a whole number of routed experts'."""
-        mlp = self.shared_experts if self.shared_experts is not None else self.shared_expert
+        mlp = self._shared_mlp()
         if mlp is None or self.sharded or self.num_fused_shared:
             return False
         shared_inter, inter = mlp.down_proj.weight.shape[1], self.experts.inter
@@ -338,7 +342,7 @@ class MoE(nn.Module):
         Run after the weights are loaded; the routed experts' loaders keep addressing ids below E."""
         if not self.can_fuse_shared_experts():
             return 0
-        mlp = self.shared_experts if self.shared_experts is not None else self.shared_expert
+        mlp = self._shared_mlp()
         experts, inter = self.experts, self.experts.inter
         num_shared = mlp.down_proj.weight.shape[1] // inter
         gate, up = mlp.gate_up_proj.weight.chunk(2, dim=0)                     # [S*I, H] each

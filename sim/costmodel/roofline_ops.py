@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runtime.core.fusion_limits import STACKED_SHARED_MAX_TOKENS
+from runtime.core.fusion_limits import STACKED_SHARED_MAX_TOKENS, stacks_shared_experts
 from runtime.core.hardware import HardwareSpec
 from runtime.core.layout import ParallelLayout
 from runtime.core.mla_form import mla_attends_as_mha
@@ -157,7 +157,7 @@ class LayerCoefficients:
             shared_params=moe_p["shared_experts"] if moe_p else 0,
             shared_bytes=moe_b["shared_experts"] if moe_b else 0,
             shared_act_bytes_per_token=(2 * H + 3 * shared_width) * ab,
-            shared_stacked_max_tokens=STACKED_SHARED_MAX_TOKENS if layout.tp == 1 and layout.ep == 1 else 0,
+            shared_stacked_max_tokens=STACKED_SHARED_MAX_TOKENS if stacks_shared_experts(layout.tp, layout.ep) else 0,
             lm_head_params=model.vocab_size * H / tp,
             lm_head_bytes=model.vocab_size * H / tp * model.bytes_per_param("lm_head"),
             logits_bytes_per_seq=model.vocab_size / tp * 4,
@@ -200,7 +200,6 @@ def _count_kernels(model: ModelSpec, layout: ParallelLayout, per_layer: int | No
     if per_layer is not None:
         return model.num_layers * per_layer + STEP_KERNELS
     collective = 1 if layout.tp > 1 else 0
-    one_rank = layout.tp == 1 and layout.ep == 1
     total = STEP_KERNELS
     for i in range(model.num_layers):
         total += 10 if model.is_mla else 7          # norms, projections (MLA: q and kv_a in one), rope, cache, attention
@@ -211,7 +210,7 @@ def _count_kernels(model: ModelSpec, layout: ParallelLayout, per_layer: int | No
         total += 7                                    # gate, topk, align, 2 grouped GEMMs, act, sum
         # shared experts: on one rank stacked into the grouped GEMMs (the runtime's decode steps; SGLang's
         # shared-experts fusion), the gate of Qwen2-MoE's one more router row; else their own MLP
-        if not one_rank:
+        if not stacks_shared_experts(layout.tp, layout.ep):
             total += 3 if model.shared_expert_intermediate_size else 0
             total += 1 if model.architecture == "qwen2_moe" else 0
         total += collective                           # the all-reduce (with ep: the combine)
