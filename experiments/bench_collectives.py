@@ -3,6 +3,7 @@ NCCL), launched eagerly and replayed from a CUDA graph, written as the table the
 collective cost model reads (sim/costmodel/collective_table.py).
 
   python experiments/bench_collectives.py --nproc 2                 # -> experiments/results/h200/collectives.csv
+  python experiments/bench_collectives.py --nproc 4                 # -> experiments/results/h200x4/collectives.csv
   python experiments/bench_collectives.py --nproc 2 --hardware h100 --out /tmp/c.csv
   python experiments/bench_collectives.py --nproc 2 --backend gloo  # CPU smoke run (eager only)
 
@@ -146,7 +147,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nproc", type=int, default=2, help="GPUs (one process each)")
     p.add_argument("--backend", choices=("nccl", "gloo"), default="nccl")
-    p.add_argument("--hardware", default="h200", help="names the output folder experiments/results/<hardware>/")
+    p.add_argument("--hardware", default="h200", help="names the output folder experiments/results/<hardware>/ "
+                   "(2 GPUs), experiments/results/<hardware>x<nproc>/ (any other number)")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--collectives", nargs="+", choices=COLLECTIVES, default=list(COLLECTIVES))
     p.add_argument("--min-log2", type=int, default=10, help="smallest size 2**this bytes (1 KiB)")
@@ -157,8 +159,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eager-only", action="store_true")
     p.add_argument("--port", type=int, default=29531)
     args = p.parse_args(argv)
-    if args.out is None:
-        args.out = ROOT / "experiments" / "results" / args.hardware / "collectives.csv"
+    if args.out is None:     # the simulator reads both (sim/costmodel/collective_table.py)
+        folder = args.hardware if args.nproc == 2 else f"{args.hardware}x{args.nproc}"
+        args.out = ROOT / "experiments" / "results" / folder / "collectives.csv"
     if args.backend == "nccl" and torch.cuda.device_count() < args.nproc:
         p.error(f"--nproc {args.nproc} needs that many GPUs; {torch.cuda.device_count()} visible")
     return args

@@ -4,14 +4,19 @@ greedy tokens each layout serves.
   python experiments/bench_parallel.py speed  --layouts tp1 tp2 tp2ep2 --batch 64 256     # bf16, CUDA graphs
   python experiments/bench_parallel.py tokens --layouts tp1 tp2 tp2ep2 --dtype float32    # 8 x 64 greedy tokens
   python experiments/bench_parallel.py speed --model tiny_mla_moe --device cpu --batch 4 --context 64   # CPU smoke
+  python experiments/bench_parallel.py speed --model deepseek_v3 --layouts tp4 --batch 1 64 \
+      --override model.hf_config.num_hidden_layers=5 model.weight_dtype=bfloat16   # full width, 3 dense + 2 MoE layers
 
 speed: every rank builds the runner (dummy weights, decode graphs at the benchmarked batch sizes) and
 times (a) `forward` (graph replay + the greedy argmax's host sync; all ranks step in lockstep), and
 (b) the served step: the leader's `launch(plan).wait()` with each step's inputs broadcast to the group,
 the other ranks running what they receive (runtime.distributed.worker.follow). Context C tokens of KV per
-sequence. Rows: the slowest rank's median. tokens: `runtime.distributed.app.serve` (the mode=real path:
-scheduler on the leader, plan broadcast, graphs) serves 8 greedy requests of 64 new tokens; every layout's
-tokens are compared with tp1's (fp32: they must all match; bf16: reported, see --dtype).
+sequence. Rows: the slowest rank's median, and the largest peak of allocated GPU memory of any rank (dummy
+weight init included). `--override` applies Hydra overrides to the composed model config (each row records
+them); the runner's weights are in --dtype whatever model.weight_dtype says (the runtime has no fp8 linears).
+tokens: `runtime.distributed.app.serve` (the mode=real path: scheduler on the leader, plan broadcast, graphs)
+serves 8 greedy requests of 64 new tokens; every layout's tokens are compared with tp1's (fp32: they must all
+match; bf16: reported, see --dtype).
 """
 from __future__ import annotations
 
@@ -55,7 +60,7 @@ def layout_rank(info, groups, args: dict) -> dict:
     from runtime.engine.forward_batch import ForwardBatch
     from runtime.engine.model_runner import ModelRunner
 
-    spec = instantiate(compose_config([f"model={args['model']}"]).model)
+    spec = instantiate(compose_config([f"model={args['model']}", *args["overrides"]]).model)
     parallel = ModelParallel(info.tp_rank, info.tp, info.ep, groups.comm()) if groups else SINGLE
     batches, context = args["batch"], args["context"]
     slots = max(batches) * context + 16
@@ -105,7 +110,8 @@ def layout_rank(info, groups, args: dict) -> dict:
             follow(runner, channel)
             rows.append(_row(args, info, batch, "served_step", [float("nan")], runner.load_time_s))
         barrier()
-    return {"rows": rows, "tokens": tokens}
+    peak_gb = round(torch.cuda.max_memory_allocated(runner.device) / 1e9, 2) if cuda else float("nan")
+    return {"rows": [dict(r, peak_memory_gb=peak_gb) for r in rows], "tokens": tokens}
 
 
 def greedy_tokens(runner, vocab: int, args: dict) -> dict:
@@ -168,7 +174,8 @@ def compare_tokens(reference: dict, got: dict) -> dict:
 
 
 def _row(args: dict, info, batch: int, path: str, samples: list[float], load_s: float, sent: int = 0) -> dict:
-    return {"model": args["model"], "layout": args["layout"], "tp": info.tp, "ep": info.ep, "rank": info.rank,
+    return {"model": args["model"], "model_overrides": " ".join(args["overrides"]), "layout": args["layout"],
+            "tp": info.tp, "ep": info.ep, "rank": info.rank,
             "dtype": args["dtype"], "batch": batch, "context": args["context"], "path": path,
             "ms_median": round(statistics.median(samples), 4), "ms_min": round(min(samples), 4),
             "load_s": round(load_s, 2), "broadcast_bytes": sent}
@@ -182,8 +189,8 @@ def run_speed(args: argparse.Namespace) -> tuple[list[dict], dict]:
     rows, reference, report = [], None, {}
     for name in args.layouts:
         tp, ep = parse_layout(name)
-        params = dict(model=args.model, layout=name, batch=args.batch, context=args.context, dtype=args.dtype,
-                      repeats=args.repeats, no_graphs=args.no_graphs, mla_kernel=args.mla_kernel,
+        params = dict(model=args.model, overrides=args.override, layout=name, batch=args.batch, context=args.context,
+                      dtype=args.dtype, repeats=args.repeats, no_graphs=args.no_graphs, mla_kernel=args.mla_kernel,
                       tokens=args.tokens, requests=args.requests, steps=args.steps, prompt_len=args.prompt_len,
                       forced=reference["free"] if reference is not None else None)
         started = time.perf_counter()
@@ -198,7 +205,9 @@ def run_speed(args: argparse.Namespace) -> tuple[list[dict], dict]:
         wall = round(time.perf_counter() - started, 1)
         for i, row in enumerate(per_rank[0]["rows"]):       # the slowest rank's median
             medians = [r["rows"][i]["ms_median"] for r in per_rank if r["rows"][i]["ms_median"] == r["rows"][i]["ms_median"]]
-            rows.append(dict(row, ms_median=max(medians), wall_s=wall, mla_kernel=params["mla_kernel"]))
+            peak_gb = max(r["rows"][i]["peak_memory_gb"] for r in per_rank)
+            rows.append(dict(row, ms_median=max(medians), wall_s=wall, mla_kernel=params["mla_kernel"],
+                             peak_memory_gb=peak_gb))
             print(json.dumps(rows[-1]), flush=True)
         tokens = per_rank[0]["tokens"]
         if tokens is not None:
@@ -235,7 +244,7 @@ def token_config(args: argparse.Namespace, name: str):
         tp, ep = parse_layout(name)
         layout = [f"tp={tp}", f"ep={ep}"]
     return compose_config([
-        "mode=real", f"model={args.model}", *layout, f"real.dtype={args.dtype}",
+        "mode=real", f"model={args.model}", *getattr(args, "override", ()), *layout, f"real.dtype={args.dtype}",
         f"real.device={args.device}", "real.warmup=false", f"real.cuda_graph_max_bs={args.requests}",
         "real.as_fast_as_possible=true", f"kv.capacity_tokens={args.requests * (args.prompt_len + args.steps) * 2}",
         "progress=false", "print_summary=false"])
@@ -289,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", choices=("speed", "tokens"))
     p.add_argument("--model", default="deepseek_v2_lite")
+    p.add_argument("--override", nargs="+", default=[], help="Hydra overrides of the model config, e.g. "
+                   "model.hf_config.num_hidden_layers=5 model.weight_dtype=bfloat16")
     p.add_argument("--layouts", nargs="+", default=["tp1", "tp2", "tp2ep2"])
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--dtype", default=None, help="bfloat16 (speed default) or float32 (tokens default)")

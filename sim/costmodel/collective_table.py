@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import bisect
 import csv
+import re
+from collections.abc import Sequence
 from pathlib import Path
 
 from runtime.core.hardware import HardwareSpec
@@ -17,13 +19,34 @@ ROOT = Path(__file__).resolve().parents[2]
 COLUMNS = ("collective", "num_ranks", "size_bytes", "graph", "time_s")
 
 
+def find_collective_tables(hardware_name: str, root: Path = ROOT) -> list[Path]:
+    """Every measured table of this hardware, in precedence order: sim/profiles/<hw>/collectives.csv,
+    experiments/results/<hw>/collectives.csv, then experiments/results/<hw>x<N>/collectives.csv (a run
+    on N GPUs of one host), N ascending. Tables are keyed by group size, so each adds the sizes it has."""
+    paths = [root / "sim" / "profiles" / hardware_name / "collectives.csv",
+             root / "experiments" / "results" / hardware_name / "collectives.csv"]
+    results = root / "experiments" / "results"
+    pattern = re.compile(re.escape(hardware_name) + r"x(\d+)")
+    hosts = [(int(m.group(1)), d) for d in (results.iterdir() if results.is_dir() else ())
+             if (m := pattern.fullmatch(d.name))]
+    paths += [d / "collectives.csv" for _, d in sorted(hosts)]
+    return [p for p in paths if p.exists()]
+
+
 def find_collective_table(hardware_name: str, root: Path = ROOT) -> Path | None:
-    """sim/profiles/<hw>/collectives.csv, else experiments/results/<hw>/collectives.csv, else None."""
-    for path in (root / "sim" / "profiles" / hardware_name / "collectives.csv",
-                 root / "experiments" / "results" / hardware_name / "collectives.csv"):
-        if path.exists():
-            return path
-    return None
+    """The first of find_collective_tables, else None."""
+    tables = find_collective_tables(hardware_name, root)
+    return tables[0] if tables else None
+
+
+def read_rows(path: str | Path) -> list[tuple[str, int, float, bool, float]]:
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        missing = set(COLUMNS) - set(reader.fieldnames or ())
+        if missing:
+            raise ValueError(f"{path}: missing columns {sorted(missing)}; expected {COLUMNS}")
+        return [(r["collective"], int(r["num_ranks"]), float(r["size_bytes"]),
+                 r["graph"].strip().lower() in ("1", "true"), float(r["time_s"])) for r in reader]
 
 
 class MeasuredCollectives:
@@ -48,14 +71,18 @@ class MeasuredCollectives:
 
     @classmethod
     def from_csv(cls, path: str | Path, fallback: CollectiveCost) -> "MeasuredCollectives":
-        with open(path, newline="") as f:
-            reader = csv.DictReader(f)
-            missing = set(COLUMNS) - set(reader.fieldnames or ())
-            if missing:
-                raise ValueError(f"{path}: missing columns {sorted(missing)}; expected {COLUMNS}")
-            rows = [(r["collective"], int(r["num_ranks"]), float(r["size_bytes"]),
-                     r["graph"].strip().lower() in ("1", "true"), float(r["time_s"])) for r in reader]
-        return cls(rows, fallback, source=str(path))
+        return cls(read_rows(path), fallback, source=str(path))
+
+    @classmethod
+    def from_csvs(cls, paths: list[Path], fallback: CollectiveCost) -> "MeasuredCollectives":
+        """Several tables as one: each (collective, num_ranks, graph) curve comes whole from the
+        first table that has it."""
+        rows, taken = [], set()
+        for path in paths:
+            own = read_rows(path)
+            rows += [r for r in own if (r[0], r[1], r[3]) not in taken]
+            taken |= {(r[0], r[1], r[3]) for r in own}
+        return cls(rows, fallback, source=", ".join(map(str, paths)))
 
     def covers(self, op: str, num_ranks: int, graph: bool) -> bool:
         return (op, num_ranks, graph) in self._curves
@@ -83,10 +110,12 @@ class MeasuredCollectives:
 def build_collectives(hardware: HardwareSpec, comm_efficiency: float,
                       inter_node_bandwidth_bytes_per_s: float, graph_latency_s: float,
                       eager_latency_s: float, per_rank_latency_s: float,
-                      inter_node_latency_s: float, table: str | None = "auto") -> CollectiveCost:
+                      inter_node_latency_s: float, table: str | Sequence[str] | None = "auto",
+                      root: Path = ROOT) -> CollectiveCost:
     """The alpha-beta model for `hardware` (intra-node bus bandwidth = NVLink * comm_efficiency),
-    under the measured table when there is one: `table` = "auto" (find_collective_table), a
-    CSV path, or None (alpha-beta only)."""
+    under the measured tables when there are any: `table` = "auto" (find_collective_tables, merged),
+    a CSV path, a list of those (merged in that order: a curve comes from the first that has it),
+    or None (alpha-beta only)."""
     if not 0 < comm_efficiency <= 1:
         raise ValueError(f"comm_efficiency must be in (0, 1], got {comm_efficiency}")
     alpha_beta = AlphaBetaCollectives(
@@ -95,5 +124,9 @@ def build_collectives(hardware: HardwareSpec, comm_efficiency: float,
         gpus_per_node=hardware.num_gpus_per_node, graph_latency_s=graph_latency_s,
         eager_latency_s=eager_latency_s, per_rank_latency_s=per_rank_latency_s,
         inter_node_latency_s=inter_node_latency_s)
-    path = find_collective_table(hardware.name) if table == "auto" else table
-    return alpha_beta if path is None else MeasuredCollectives.from_csv(path, alpha_beta)
+    if table is None:
+        return alpha_beta
+    paths: list[Path] = []
+    for entry in ([table] if isinstance(table, str) else table):
+        paths += find_collective_tables(hardware.name, root) if entry == "auto" else [Path(entry)]
+    return MeasuredCollectives.from_csvs(paths, alpha_beta) if paths else alpha_beta

@@ -41,9 +41,9 @@ class RooflineCostModel:
     which a read-mostly kernel can pass: they may exceed 1. `fitted()` builds the model with the
     constants experiments/fit_roofline.py fitted to this hardware's profile.
 
-    Collectives (`self.collectives`, sim/costmodel/collectives.py): the measured table of this
-    hardware when one exists (`collective_table`: "auto", a CSV path, or None), else alpha-beta:
-    bus bandwidth NVLink * `comm_efficiency` inside a node, `inter_node_bandwidth_bytes_per_s`
+    Collectives (`self.collectives`, sim/costmodel/collectives.py): the measured tables of this
+    hardware when any exist (`collective_table`: "auto", a CSV path, a list of those, or None), else
+    alpha-beta: bus bandwidth NVLink * `comm_efficiency` inside a node, `inter_node_bandwidth_bytes_per_s`
     past it; latency `comm_graph_latency_s` inside a CUDA graph, `comm_eager_latency_s` outside,
     plus `comm_per_rank_latency_s` per extra rank and `inter_node_latency_s` past one node.
 
@@ -69,7 +69,7 @@ class RooflineCostModel:
                  comm_efficiency: float = 0.7, comm_graph_latency_s: float = 8e-6,
                  comm_eager_latency_s: float = 15e-6, comm_per_rank_latency_s: float = 0.5e-6,
                  inter_node_bandwidth_bytes_per_s: float = 45e9, inter_node_latency_s: float = 15e-6,
-                 collective_table: str | None = "auto",
+                 collective_table: str | list[str] | None = "auto",
                  cuda_graph: bool = True, cuda_graph_max_bs: int | None = None,
                  kernels_per_layer: int | None = None, kernel_floor_s: float = 1.5e-6,
                  eager_kernel_gap_s: float = 1.0e-6,

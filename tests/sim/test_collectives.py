@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 
 from runtime.core.hardware import HardwareSpec
-from sim.costmodel.collective_table import MeasuredCollectives, build_collectives, find_collective_table
+from sim.costmodel.collective_table import (
+    MeasuredCollectives, build_collectives, find_collective_table, find_collective_tables,
+)
 from sim.costmodel.collectives import AlphaBetaCollectives, bus_factor
 
 AB = AlphaBetaCollectives(intra_node_bandwidth_bytes_per_s=300e9, inter_node_bandwidth_bytes_per_s=40e9,
@@ -81,3 +83,44 @@ def test_build_collectives_uses_hardware_and_table(tmp_path: Path) -> None:
     csv.write_text("collective,num_ranks,size_bytes,graph,time_s\nall_reduce,2,8,0,7e-06\n")
     measured = build_collectives(hw, table=str(csv), **kwargs)
     assert measured.time_s("all_reduce", 8, 2, graph=False) == 7e-6
+
+
+def test_tables_of_larger_hosts_add_their_group_sizes(tmp_path: Path) -> None:
+    """experiments/results/<hw>x<N>/collectives.csv (a run on N GPUs) adds its group sizes to the
+    hardware's table; a curve the first table already has stays the first table's."""
+    header = "collective,num_ranks,size_bytes,graph,time_s\n"
+    results = tmp_path / "experiments" / "results"
+    for name, body in (("nohw", "all_reduce,2,1024,1,1e-05\nall_reduce,2,1048576,1,2e-05\n"),
+                       ("nohwx4", "all_reduce,4,1024,1,3e-05\nall_reduce,4,1048576,1,5e-05\n"
+                                  "all_reduce,2,1024,1,9e-05\n"),
+                       ("nohwx8", "all_gather,8,1024,0,7e-05\n"),
+                       ("nohwx4_old", "all_reduce,4,1024,1,1.0\n"),          # not a host size: ignored
+                       ("otherx4", "all_reduce,4,1024,1,1.0\n")):
+        (results / name).mkdir(parents=True)
+        (results / name / "collectives.csv").write_text(header + body)
+    found = find_collective_tables("nohw", root=tmp_path)
+    assert found == [results / d / "collectives.csv" for d in ("nohw", "nohwx4", "nohwx8")]
+    hw = HardwareSpec("nohw", 80e9, 3e12, 1e15, 2e15, 450e9, num_gpus_per_node=8)
+    cost = build_collectives(hw, comm_efficiency=0.5, inter_node_bandwidth_bytes_per_s=45e9, graph_latency_s=5e-6,
+                             eager_latency_s=15e-6, per_rank_latency_s=0.5e-6, inter_node_latency_s=15e-6,
+                             root=tmp_path)
+    assert cost.time_s("all_reduce", 1024, 2, graph=True) == 1e-5              # the 2-GPU table's curve
+    assert cost.time_s("all_reduce", 1024, 4, graph=True) == 3e-5              # the 4-GPU rows
+    assert cost.time_s("all_reduce", 524800, 4, graph=True) == pytest.approx(4e-5)
+    assert cost.time_s("all_gather", 512, 8, graph=False) == 7e-5
+    assert cost.covers("all_reduce", 4, True) and not cost.covers("all_reduce", 4, False)
+    # no table of the hardware itself: the host tables alone
+    (results / "nohw" / "collectives.csv").unlink()
+    assert find_collective_table("nohw", root=tmp_path) == results / "nohwx4" / "collectives.csv"
+    alone = build_collectives(hw, comm_efficiency=0.5, inter_node_bandwidth_bytes_per_s=45e9, graph_latency_s=5e-6,
+                              eager_latency_s=15e-6, per_rank_latency_s=0.5e-6, inter_node_latency_s=15e-6,
+                              root=tmp_path)
+    assert alone.time_s("all_reduce", 1024, 2, graph=True) == 9e-5
+    # a list: a run's own table ahead of the hardware's
+    run = tmp_path / "run.csv"
+    run.write_text(header + "all_reduce,4,1024,1,6e-05\n")
+    listed = build_collectives(hw, comm_efficiency=0.5, inter_node_bandwidth_bytes_per_s=45e9, graph_latency_s=5e-6,
+                               eager_latency_s=15e-6, per_rank_latency_s=0.5e-6, inter_node_latency_s=15e-6,
+                               table=[str(run), "auto"], root=tmp_path)
+    assert listed.time_s("all_reduce", 1024, 4, graph=True) == 6e-5
+    assert listed.time_s("all_gather", 512, 8, graph=False) == 7e-5
