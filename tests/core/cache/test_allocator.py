@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -176,6 +177,34 @@ def test_large_call_with_a_repeated_slot_is_a_double_free() -> None:
         allocator.free(slots + slots[300:301])
     assert allocator.num_free_slots == 424
     assert all(allocator.is_allocated(s) for s in slots)
+
+
+@pytest.mark.parametrize("pieces", [
+    [(0, 300), (250, 260)],                        # a run inside another
+    [(0, 100), (0, 80)],                           # two runs from one start
+    [(200, 300), (100, 201)],                      # overlapping by one page, later run first
+    [(i * 20, i * 20 + 10) for i in range(12)] + [(35, 45)],   # many runs (bytes gathered, not sliced)
+    [(i, i + 1) for i in range(0, 200, 2)] + [(50, 51)],       # runs of one page
+])
+def test_large_call_with_overlapping_runs_is_a_double_free(pieces: list[tuple[int, int]]) -> None:
+    """A large free finds repeats from its runs of consecutive slots: any two runs sharing a slot."""
+    allocator = KVSlotAllocator(1024)
+    slots = np.asarray(allocator.allocate(0, 600, None), dtype=np.int32)
+    with pytest.raises(ValueError, match="double free"):
+        allocator.free(np.concatenate([slots[a:b] for a, b in pieces]))
+    assert allocator.num_free_slots == 424
+    allocator.free(np.concatenate([slots[a:b] for a, b in pieces[:-1]]))   # distinct without the last piece
+    assert allocator.num_free_slots == 424 + len(set(np.concatenate([slots[a:b] for a, b in pieces[:-1]]).tolist()))
+
+
+@pytest.mark.parametrize("bad", [-1, 1024, 2**31 - 1])
+def test_large_call_with_an_out_of_range_slot_frees_nothing(bad: int) -> None:
+    allocator = KVSlotAllocator(1024)
+    slots = allocator.allocate(0, 600, None)
+    for call in (slots + [bad], [bad] + slots, slots[:300] + [bad] + slots[300:]):
+        with pytest.raises(ValueError, match="out of range"):
+            allocator.free(np.asarray(call, dtype=np.int32))
+    assert allocator.num_free_slots == 424
 
 
 def test_repeated_slots_of_one_page_are_not_a_double_free() -> None:
