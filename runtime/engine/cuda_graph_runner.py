@@ -20,7 +20,7 @@ from torch import nn
 
 from runtime.core.graph_grids import capture_batch_sizes, padded_size  # noqa: F401 (re-exported)
 from runtime.engine.fast_path import MLAShape
-from runtime.engine.forward_batch import ForwardBatch
+from runtime.engine.forward_batch import ForwardBatch, cpu_int32
 from runtime.engine.kv_pool import MLAKVPool
 
 
@@ -66,7 +66,8 @@ class DecodeGraphInputs:
 
     def fill(self, fb: ForwardBatch, bs: int) -> list[int]:
         """Copy decode batch fb (B rows) into the buffers, padded to bs rows; returns the padded
-        kv_indptr (host list). Device-side copies only, except the small indptr upload."""
+        kv_indptr (host list). Device-side copies only, except the small indptr upload (from pinned memory,
+        so it does not wait for the work queued before it)."""
         real = fb.batch_size
         kv_indptr = padded_kv_indptr(fb.seq_lens_cpu, bs)
         num_real_kv = kv_indptr[real]
@@ -80,7 +81,7 @@ class DecodeGraphInputs:
         self.seq_lens[real:bs].fill_(1)
         self.kv_indices[:num_real_kv].copy_(fb.kv_indices[:num_real_kv])
         self.kv_indices[num_real_kv:kv_indptr[bs]].fill_(self.dummy_slot)
-        self.kv_indptr[:bs + 1].copy_(torch.tensor(kv_indptr, dtype=torch.int32))
+        self.kv_indptr[:bs + 1].copy_(cpu_int32(kv_indptr), non_blocking=True)
         return kv_indptr
 
     def fill_dummy(self, bs: int) -> list[int]:
@@ -91,7 +92,7 @@ class DecodeGraphInputs:
         self.out_cache_loc[:bs].fill_(self.dummy_slot)
         self.seq_lens[:bs].fill_(1)
         self.kv_indices[:bs].fill_(self.dummy_slot)
-        self.kv_indptr[:bs + 1].copy_(torch.tensor(kv_indptr, dtype=torch.int32))
+        self.kv_indptr[:bs + 1].copy_(cpu_int32(kv_indptr), non_blocking=True)
         return kv_indptr
 
 
@@ -123,10 +124,8 @@ class CudaGraphRunner:
         """Host-side attention schedule for the next replay of size bs (outside the graph)."""
         if self.backend.flashinfer is not None:
             self.backend.plan_flashinfer(
-                torch.arange(bs + 1, dtype=torch.int32), torch.tensor(kv_indptr, dtype=torch.int32),
-                self.inputs.kv_indices[:kv_indptr[-1]],
-                torch.tensor([b - a for a, b in zip(kv_indptr, kv_indptr[1:])], dtype=torch.int32),
-                causal=False)
+                cpu_int32(list(range(bs + 1))), cpu_int32(kv_indptr), self.inputs.kv_indices[:kv_indptr[-1]],
+                cpu_int32([b - a for a, b in zip(kv_indptr, kv_indptr[1:])]), causal=False)
 
     @torch.no_grad()
     def _capture_all(self, progress: bool) -> None:

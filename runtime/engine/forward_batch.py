@@ -174,8 +174,10 @@ def _to_device(array: np.ndarray, device: torch.device | str) -> torch.Tensor:
 
 
 def cpu_int32(values: list[int]) -> torch.Tensor:
-    """A small host list as the int32 CPU tensor FlashInfer's planners take."""
-    return torch.tensor(values, dtype=torch.int32)
+    """A small host list as the int32 CPU tensor FlashInfer's planners take: pinned where CUDA is
+    present, so the planners' non_blocking uploads of it never wait for the stream (a copy from
+    pageable memory may wait until the device has finished the work queued before it)."""
+    return torch.tensor(values, dtype=torch.int32, pin_memory=torch.cuda.is_available())
 
 
 def indptr(lengths: list[int]) -> list[int]:

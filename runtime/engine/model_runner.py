@@ -23,7 +23,7 @@ from runtime.engine.fast_path import (
     FastPathConfig, enable_fast_path, torch_reference_experts, torch_reference_small_ops,
 )
 from runtime.engine.batch_builder import BatchBuilder, FutureTokens, HostBatch
-from runtime.engine.forward_batch import ForwardBatch
+from runtime.engine.forward_batch import ForwardBatch, _to_device
 from runtime.engine.kv_pool import create_kv_pool
 from runtime.engine.logprob_params import top_logprobs_num
 from runtime.engine.penalties import PenaltyBook, PenaltyCounts, PenaltyInputs
@@ -284,13 +284,14 @@ class ModelRunner:
         if not rows:
             return torch.empty(0, dtype=torch.long, device=self.device), None
         sampling = inputs.sampling if inputs.sampling is not None else [GREEDY] * len(rows)
-        logits = logits[rows] if len(rows) < logits.shape[0] else logits  # [S, V]
+        if len(rows) < logits.shape[0]:       # a device index (a list index would upload it and wait)
+            logits = logits.index_select(0, _to_device(np.asarray(rows, dtype=np.int64), self.device))  # [S, V]
         if inputs.penalties is not None:
             logits = self.penalty_counts.apply(logits, inputs.penalties, self.future.resolve)
         ids = self.sampler.sample(logits, sampling, inputs.output_positions)
         if inputs.penalties is not None:      # the sampled tokens join the running counts, on the device
             self.penalty_counts.cumulate(inputs.penalties, ids)
-        self.future.store(torch.from_numpy(inputs.ring).to(self.device, non_blocking=True), ids)
+        self.future.store(_to_device(inputs.ring, self.device), ids)   # pinned: never waits for the stream
         logprobs = None
         if inputs.top_logprobs_nums is not None:
             logprobs = self.sampler.logprobs(logits, sampling, ids, inputs.top_logprobs_nums)

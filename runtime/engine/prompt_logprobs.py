@@ -122,7 +122,7 @@ class PromptLogprobs:
 
     def _reduce(self, rows: torch.Tensor, targets, top_num: int):   # [N, H] -> ([N], [N, K], [N, K])
         chosen, top_values, top_ids = [], [], []
-        target_t = torch.tensor(list(targets), dtype=torch.long).to(rows.device, non_blocking=True)
+        target_t = torch.tensor(list(targets), dtype=torch.long, pin_memory=rows.is_cuda).to(rows.device, non_blocking=True)
         for b in range(0, rows.shape[0], BLOCK_ROWS):
             logprobs = torch.log_softmax(self._lm_head(rows[b:b + BLOCK_ROWS]), dim=-1)     # [n, V]
             # finite where a logit is -inf (valid JSON), as the sampled tokens' values are
