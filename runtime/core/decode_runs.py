@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Iterator, NamedTuple
 import numpy as np
 
 from runtime.core.batch import ForwardMode, StepPlan
+from runtime.core.cache.allocator import SLOT_DTYPE
 from runtime.core.cache.radix_cache import MatchResult
 from runtime.core.request import Request
 from runtime.core.shared_prefix import SharedPrefixCount
@@ -147,16 +148,22 @@ class DecodeRuns:
 
     def _groups(self, plan: StepPlan, last_step: np.ndarray, contexts: np.ndarray, cuts: list[int]) -> Iterator[DecodeGroup]:
         yield DecodeGroup(0, plan, int(contexts.sum()))
-        items, lasts = plan.items, last_step.tolist()
+        if not cuts:
+            return
+        items = np.empty(len(plan.items), dtype=object)   # [n] the plan's items, picked per group by mask
+        items[:] = plan.items
+        requests = [it.request for it in plan.items]
         shared: SharedPrefixCount | None = None         # made at the first cut (a run without one needs none)
+        before = None
         for s in cuts:                                      # the batch of steps s+1.. (0-based s)
             if shared is None:
-                shared = SharedPrefixCount([it.request for it in items], (), self.sched.kv.cache)
-            shared.remove(items[i].request for i, last in enumerate(lasts) if last <= s)
-            kept = [i for i, last in enumerate(lasts) if last > s]
-            items, lasts = [items[i] for i in kept], [lasts[i] for i in kept]
-            group = StepPlan(plan.step_id, ForwardMode.DECODE, items, decode_shared_tokens=shared.tokens)
-            yield DecodeGroup(s, group, int(contexts[last_step > s].sum()))
+                shared = SharedPrefixCount(requests, (), self.sched.kv.cache)
+            leaving = last_step <= s if before is None else (last_step <= s) & (last_step > before)
+            shared.remove([requests[i] for i in np.flatnonzero(leaving).tolist()])
+            kept = last_step > s                                                     # [n]
+            group = StepPlan(plan.step_id, ForwardMode.DECODE, items[kept].tolist(), decode_shared_tokens=shared.tokens)
+            yield DecodeGroup(s, group, int(contexts[kept].sum()))
+            before = s
 
     def _admission_budget(self, max_steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The PrefillBudget of each later step j = 1 .. max_steps-1 of a decode run when nothing
@@ -232,19 +239,28 @@ class DecodeRuns:
             req = item.request
             if not req.is_finished:                  # overlap: one that the step before the run ended
                 members.append((req, req.sampling.max_new_tokens - len(req.output_ids), toks))
-        finish_steps = sorted({left for _, left, _ in members if left <= k})
+        ending: dict[int, list[int]] = {}            # finish step -> members ending there, in plan order
+        for i, (_, left, _) in enumerate(members):
+            if left <= k:
+                ending.setdefault(left, []).append(i)
+        finish_steps = sorted(ending)
         if not finish_steps or finish_steps[-1] != k:
             finish_steps.append(k)
+        # slots of steps 2..k, member by member (row i), written into a request once: when it ends or after the run
+        slots = np.empty((len(members), k - 1), dtype=SLOT_DTYPE)                     # [n, k-1]
+        alive = np.arange(len(members))                                              # [n] rows still running
+        lefts = np.array([left for _, left, _ in members], dtype=np.int64)           # [n]
         used: list[int] = []
         allocated = 1                                # steps whose slots are allocated (the plan's own)
         base_used, base_allocated = kv.used_tokens(), 1
         for f in finish_steps:
-            n = len(members)
+            n = alive.size
             target = min(f + shift, k)
             evicted = np.zeros(1, dtype=np.int64)   # [1 + leaves] cumulative tokens evicted
             if target > allocated:                   # one allocator call for the steps up to this finish
                 free = kv.allocator.num_free_slots
-                sizes = kv.allocate_many([m[0] for m in members], target - allocated, end_s[0])
+                rows, sizes = kv.allocate_rows(n, target - allocated, end_s[0])
+                slots[alive, allocated - 1:target - 1] = rows
                 evicted = np.concatenate(([0], np.cumsum(sizes, dtype=np.int64)))
                 allocated = target
             if f - 1 > len(used):                    # steps before the finish: allocated through step t
@@ -253,18 +269,19 @@ class DecodeRuns:
                 deficit = n * (t - base_allocated) - (free if target > base_allocated else 0)
                 gone = evicted[np.searchsorted(evicted, np.maximum(deficit, 0), side="left")]
                 used.extend((base_used + n * (t - base_allocated) - gone).tolist())
-            kept = []
-            for member in members:
-                if member[1] == f:
-                    self._apply_tokens(member, f, end_s, clip)
-                    req = member[0]
-                    sched._end(req, req.finishes_with(req.output_ids[-1]), end_s[f - 1])
-                else:
-                    kept.append(member)
-            members = kept
+            for i in ending.get(f, ()):
+                member = members[i]
+                req = member[0]
+                req.append_kv_slots(slots[i, :target - 1])
+                self._apply_tokens(member, f, end_s, clip)
+                sched._end(req, req.finishes_with(req.output_ids[-1]), end_s[f - 1])
+            if f in ending:
+                alive = alive[lefts[alive] != f]
             used.append(kv.used_tokens())
             base_used, base_allocated = used[-1], allocated
-        for member in members:
+        for i in alive.tolist():
+            member = members[i]
+            member[0].append_kv_slots(slots[i])
             self._apply_tokens(member, k, end_s, clip)
         self._close_run(k)
         return used

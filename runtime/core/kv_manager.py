@@ -123,24 +123,18 @@ class KVManager:
             req.num_kv_slots = n + 1
         return slots
 
-    def allocate_many(self, reqs: list[Request], num_tokens: int, now: float) -> list[int]:
-        """`num_tokens` more slots for each request, in one allocator call (page_size 1 only).
-        Returns the tokens of each cache leaf evicted to make room, in order (RadixCache.evict_leaves)."""
+    def allocate_rows(self, num_rows: int, num_tokens: int, now: float) -> tuple[np.ndarray, list[int]]:
+        """`num_tokens` more slots for each of `num_rows` requests in one allocator call (page_size 1
+        only), as rows the caller hands to the requests (row i: int32 [num_tokens], the next slots
+        of request i; the caller appends them), and the tokens of each cache leaf evicted to make
+        room, in order (RadixCache.evict_leaves)."""
         assert self.page_size == 1
-        total = num_tokens * len(reqs)
+        total = num_tokens * num_rows
         missing = total - self.allocator.num_free_slots
         evicted = self.cache.evict_leaves(missing, now) if missing > 0 else []
         if self.allocator.num_free_slots < total:
             raise MemoryError(f"KV pool exhausted allocating {total} slots for a decode run")
-        rows = self.allocator.allocate_slots(0, total, None).reshape(len(reqs), num_tokens)   # [n, k]
-        for req, row in zip(reqs, rows):                     # Request.append_kv_slots, inlined
-            n = req.num_kv_slots
-            end = n + num_tokens
-            if end > req._slot_buf.size:
-                req._grow_slots(end)
-            req._slot_buf[n:end] = row
-            req.num_kv_slots = end
-        return evicted
+        return self.allocator.allocate_slots(0, total, None).reshape(num_rows, num_tokens), evicted
 
     # -- caching and release ----------------------------------------------------------
     def _aligned(self, num_tokens: int) -> int:

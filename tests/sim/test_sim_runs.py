@@ -131,15 +131,15 @@ def test_fast_forward_runs_through_evictions_exactly(tmp_path, monkeypatch, over
     """A full pool of cached prefixes, nothing waiting: the decode steps evict leaves as they
     allocate, and runs replay those evictions (the same leaves, the same KV in use per step)."""
     from runtime.core.kv_manager import KVManager
-    allocate_many = KVManager.allocate_many
+    allocate_rows = KVManager.allocate_rows
     evicted_in_runs: list[int] = []
 
-    def counting(self, reqs, num_tokens, now):
-        evicted = allocate_many(self, reqs, num_tokens, now)
+    def counting(self, num_rows, num_tokens, now):
+        rows, evicted = allocate_rows(self, num_rows, num_tokens, now)
         evicted_in_runs.append(len(evicted))
-        return evicted
+        return rows, evicted
 
-    monkeypatch.setattr(KVManager, "allocate_many", counting)
+    monkeypatch.setattr(KVManager, "allocate_rows", counting)
     overrides = ["workload=random", "workload.num_requests=40", "workload.request_rate=20", "workload.input_len=256",
                  "workload.output_len=96", "workload.range_ratio=0.1", "kv.capacity_tokens=2500", f"overlap={overlap}"]
     on, dir_on = simulate(tmp_path, "on", overrides + ["sim.fast_forward=true"])
