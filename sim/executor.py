@@ -82,6 +82,7 @@ class SimExecutor:
         self.vocab_size = vocab_size
         self._streams: dict[str, list[int]] = {}
         self._int_objects = np.arange(vocab_size).astype(object)   # [V] one Python int per id, shared
+        self._decode_hosts: dict[int, float] = {}                  # decode_host_s per batch size
 
     def prepare_streams(self, specs: Sequence[RequestSpec]) -> None:
         """Generate the token streams of requests still to come in one pass (the same tokens)."""
@@ -120,7 +121,10 @@ class SimExecutor:
     def decode_host_s(self, plan: StepPlan) -> float:
         """Host share of each step of a decode run of `plan`'s batch (independent of context)."""
         n = len(plan.items)
-        return self.cost_model.host_time_s(StepShape(num_decode_reqs=n, decode_context_tokens=n))
+        host = self._decode_hosts.get(n)
+        if host is None:
+            host = self._decode_hosts[n] = self.cost_model.host_time_s(StepShape(num_decode_reqs=n, decode_context_tokens=n))
+        return host
 
     def decode_durations_s(self, plan: StepPlan, num_steps: int, context_tokens: int | None = None,
                            first_step: int = 0) -> np.ndarray:

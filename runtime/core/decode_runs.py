@@ -5,6 +5,7 @@ Must not import torch, simpy or time: times arrive as arguments.
 """
 from __future__ import annotations
 
+from itertools import accumulate
 from typing import TYPE_CHECKING, Iterator, NamedTuple
 
 import numpy as np
@@ -261,7 +262,8 @@ class DecodeRuns:
                 free = kv.allocator.num_free_slots
                 rows, sizes = kv.allocate_rows(n, target - allocated, end_s[0])
                 slots[alive, allocated - 1:target - 1] = rows
-                evicted = np.concatenate(([0], np.cumsum(sizes, dtype=np.int64)))
+                if sizes:
+                    evicted = np.array([0, *accumulate(sizes)], dtype=np.int64)
                 allocated = target
             if f - 1 > len(used):                    # steps before the finish: allocated through step t
                 t = np.minimum(np.arange(len(used) + 1, f) + shift, k)                   # [m]
@@ -279,10 +281,17 @@ class DecodeRuns:
                 alive = alive[lefts[alive] != f]
             used.append(kv.used_tokens())
             base_used, base_allocated = used[-1], allocated
-        for i in alive.tolist():
-            member = members[i]
-            member[0].append_kv_slots(slots[i])
-            self._apply_tokens(member, k, end_s, clip)
+        if alive.size:                               # the rest decode in every step: all k tokens each
+            rest = lefts[alive]
+            sched.reserved_running_tokens -= int((np.minimum(rest, clip) - np.minimum(rest - k, clip)).sum())
+        for i in alive.tolist():                     # _apply_tokens of k tokens, inlined
+            req, _, toks = members[i]
+            req.append_kv_slots(slots[i])
+            req.num_computed_tokens += k
+            req.output_ids.extend(toks if len(toks) == k else toks[:k])
+            req.token_times_s.extend(end_s)
+            if req.first_token_s is None:
+                req.first_token_s = end_s[0]
         self._close_run(k)
         return used
 

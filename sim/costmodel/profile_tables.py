@@ -56,7 +56,7 @@ class Curve:
         x = np.asarray(x, dtype=np.float64)
         y = np.interp(x, self.xs, self.ys)
         above = x > self.xs[-1]
-        if np.any(above):
+        if above.any():
             y = np.where(above, self.ys[-1] + max(self.slope, 0.0) * (x - self.xs[-1]), y)
         return y
 

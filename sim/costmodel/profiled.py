@@ -77,6 +77,7 @@ class ProfiledCostModel:
         self.num_priced = 0
         self._prefill_cache: dict = {}
         self._host_cache: dict[tuple[int, int, int], float] = {}
+        self._decode_host_cache: dict[int, float] = {}
 
     # -- CostModel ----------------------------------------------------------------------
     def step_time_s(self, shape: StepShape) -> float:
@@ -92,7 +93,10 @@ class ProfiledCostModel:
         return cached
 
     def decode_times_s(self, num_reqs: int, context_tokens: np.ndarray, shared_tokens: int = 0) -> np.ndarray:
-        host = self.host_time_s(StepShape(num_decode_reqs=num_reqs, decode_context_tokens=num_reqs))
+        host = self._decode_host_cache.get(num_reqs)     # independent of the context: one per batch size
+        if host is None:
+            host = self._decode_host_cache[num_reqs] = self.host_time_s(
+                StepShape(num_decode_reqs=num_reqs, decode_context_tokens=num_reqs))
         return self._decode_s(num_reqs, np.asarray(context_tokens, dtype=np.float64), shared_tokens) + host
 
     def breakdown_s(self, shape: StepShape) -> dict[str, float]:
