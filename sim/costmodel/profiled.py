@@ -7,7 +7,8 @@ falling back to the roofline, scaled to the nearest measured point, outside the 
   profile's decode_shared table (sim.costmodel.shared_reads).
 - steps with prefill: one sequence's new tokens x cached prefix, among the columns of the MLA form the
   runtime picks for the step (runtime.core.mla_form). Several sequences are priced at the prefix that
-  gives one sequence the same attention pairs, times a correction measured on multi-sequence steps.
+  gives one sequence the same attention pairs (in MHA form plus the expansion of every sequence's
+  prefix, at a rate fitted on the multi-sequence points), times a correction measured on those points.
   A mixed step is priced like that with its decodes as one-token extends (as the runtime runs them).
 - host time (what overlap hides): schedule + commit of the real Scheduler, from the host table.
   Kernel launches are inside the measured device time (a step launched while the previous one runs).
@@ -64,7 +65,7 @@ class ProfiledCostModel:
         prefill = pd.read_csv(directory / "prefill.csv")
         self.single = PrefillColumns(prefill[prefill["num_seqs"] == 1])
         self.columns = self._form_columns()
-        self.expand_s_per_token = self._expand_rate()
+        self.expand_s_per_token = self._expand_rate(prefill[prefill["num_seqs"] > 1])
         self._multi = self._multi_factors(prefill[prefill["num_seqs"] > 1])
         self.host = HostTable(pd.read_csv(directory / "host.csv")) if (directory / "host.csv").exists() else None
         shared = directory / "decode_shared.csv"
@@ -185,12 +186,30 @@ class ProfiledCostModel:
             seconds += self.expand_s_per_token * max(sum_prefix - max(p_eq, 0.0), 0.0)
         return seconds, inside
 
-    def _expand_rate(self) -> float:
-        """Seconds per cached token a MHA-form step spends expanding the prefix: the slope along the
-        prefix of the fewest-new-tokens row (where attention pairs are negligible) up to the largest
-        MHA column; 0 without MLA or without such a column."""
+    def _expand_rate(self, multi: pd.DataFrame) -> float:
+        """Seconds per cached token a MHA-form step spends expanding prefix tokens beyond those its
+        single-sequence price holds (kv_b_proj over every cached token of every sequence, each layer).
+        Fitted where that expansion is large: the multi-sequence MHA-form points with a cached prefix
+        (measured - single-sequence price at the same attention pairs, against the extra prefix tokens;
+        least squares through 0). Without such points, the slope along the prefix of the fewest-new-tokens
+        single-sequence row up to the largest MHA column (one sequence's expansion: small GEMMs plus
+        the attention over the prefix, so an upper bound). 0 without MLA."""
+        if not self.model.is_mla:
+            return 0.0
+        extra, residual = [], []
+        for row in multi.itertuples(index=False):
+            seqs, each, prefix = int(row.num_seqs), row.new_tokens // row.num_seqs, row.prefix_tokens
+            if prefix <= 0 or self._form([prefix] * seqs, [each + prefix] * seqs) != "mha":
+                continue
+            p_eq = (seqs * (each * (each + 1) / 2 + each * prefix)) / row.new_tokens - (row.new_tokens + 1) / 2
+            single, _ = self.single.lookup(row.new_tokens, p_eq, self.columns["mha"])
+            extra.append(seqs * prefix - max(p_eq, 0.0))
+            residual.append(row.device_s - single)
+        if extra:
+            x, y = np.asarray(extra), np.asarray(residual)
+            return max(float(x @ y / (x @ x)), 0.0)
         cols = [p for p in self.columns["mha"] if p > 0]
-        if not self.model.is_mla or not cols or 0 not in self.single.curves:
+        if not cols or 0 not in self.single.curves:
             return 0.0
         tokens = float(self.single.curves[0].xs[0])
         rise = float(self.single.curves[cols[-1]](tokens) - self.single.curves[0](tokens))

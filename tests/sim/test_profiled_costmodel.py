@@ -189,3 +189,35 @@ def test_shared_read_fraction_is_clipped_to_what_reads_can_cost():
     assert fit_shared_read_fraction(shared_rows(model, 1.6), tables).fraction == 1.0
     assert fit_shared_read_fraction(shared_rows(model, -0.5), tables).fraction == 0.0
     assert fit_shared_read_fraction(shared_rows(model, 0.5).iloc[-1:], tables) is None   # controls only
+
+
+def test_prefix_expansion_rate_is_fitted_on_the_multi_sequence_mha_points(tmp_path):
+    """Several sequences with cached prefixes in MHA form expand every sequence's prefix: the per-token rate
+    comes from those points (measured - the single-sequence price at the same attention pairs), not from
+    one sequence's slope along the prefix, and a step of more sequences than any measured is priced by it."""
+    import shutil
+    shutil.copytree(SMALL, tmp_path / "profile")
+    base = small_model()
+    single_slope = base.expand_s_per_token          # no multi-sequence MHA point with a prefix: the slope
+    assert single_slope > 0
+    rate = single_slope / 2
+    rows = []
+    for seqs, new, prefix in [(4, 64, 4096), (4, 256, 8192), (8, 64, 2048), (8, 256, 4096)]:
+        each = new // seqs
+        assert base._form([prefix] * seqs, [prefix + each] * seqs) == "mha"
+        p_eq = seqs * (each * (each + 1) / 2 + each * prefix) / new - (new + 1) / 2
+        single, _ = base.single.lookup(new, p_eq, base.columns["mha"])
+        rows.append({"num_seqs": seqs, "new_tokens": new, "prefix_tokens": prefix, "repeats": 3,
+                     "device_s": single + rate * (seqs * prefix - p_eq), "device_min_s": 0.0, "launch_host_s": 0.0})
+    prefill = pd.concat([table("prefill"), pd.DataFrame(rows)], ignore_index=True)
+    prefill.to_csv(tmp_path / "profile" / "prefill.csv", index=False)
+    core = build_core(compose_config(TINY))
+    model = ProfiledCostModel(core.model, core.hardware, core.layout, fallback=RooflineCostModel,
+                              profile=str(tmp_path / "profile"))
+    assert model.expand_s_per_token == pytest.approx(rate, rel=1e-9)
+    many = StepShape(extend_new_tokens=(8,) * 16, extend_prefix_tokens=(2048,) * 16)   # 16 sequences: none measured
+    p_eq = 16 * (8 * 9 / 2 + 8 * 2048) / 128 - 129 / 2
+    single, _ = model.single.lookup(128, p_eq, model.columns["mha"])
+    factor = model._multi_factor("mha", 16, 128, 2048)
+    assert factor == pytest.approx(1.0, abs=1e-9)   # the fitted rate explains the points: no correction left
+    assert model.device_time_s(many) == pytest.approx(single + rate * (16 * 2048 - p_eq), rel=1e-9)
