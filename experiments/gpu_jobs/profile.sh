@@ -2,6 +2,9 @@
 # mode=profile on the GPU machine (run from the repo root):
 #   TWINSERVE_GIT_REVISION=<rev> bash experiments/gpu_jobs/profile.sh OUT [hydra overrides...]
 # Writes the tables straight into OUT/profile (copy them to sim/profiles/<hardware>/<model>/).
+# Several GPUs: pass the layout through, e.g. `bash experiments/gpu_jobs/profile.sh OUT tp=2` on 2 GPUs
+# (tp=4, or tp=4 ep=4, on 4): one replica's ranks, every table but ops; copy OUT/profile to
+# sim/profiles/<hardware>/<model>/tp2/ (tp4/, tp4ep4/), where costmodel=auto finds it for that layout.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl 2>/dev/null || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0

@@ -32,6 +32,10 @@ class RankTask:
     cpu_threads: int = 1      # torch intra-op threads of a CPU rank (ranks share the node's cores)
     collect_output_ids: bool = False   # leaders also return every request's generated tokens (tests)
     specs: list | None = None # the requests to serve (dp=1); None = the config's workload
+    # instead of serving (dp=1, no DP attention): (lead, follow), module-level functions. The leader runs
+    # lead(task, cfg, core, runner), its runner handing each launched step to the group; the other ranks
+    # run follow(runner, channel) until the leader's STOP. What each returns is its "done" result.
+    job: tuple | None = None
 
 
 @dataclass
@@ -123,6 +127,8 @@ def _run_rank(task: RankTask) -> LeaderResult | dict:
     runner = build_model_runner(cfg, core, parallel=parallel, device=info.device)
     ready = lambda: task.out_queue.put(("ready", info.rank, os.getpid()))   # noqa: E731
     channel = StepChannel(groups.cpu_group, info.leader_rank) if groups and groups.cpu_group is not None else None
+    if task.job is not None:
+        return _run_job(task, cfg, core, runner, channel, ready)
     if not info.is_leader:
         ready()
         return {"steps": follow(runner, channel, exchange)}
@@ -133,6 +139,24 @@ def _run_rank(task: RankTask) -> LeaderResult | dict:
         runner.step_sender = channel.send
     try:
         return lead(task, cfg, core, runner, channel, ready, lockstep)
+    finally:
+        if channel is not None:
+            channel.send(STOP)
+
+
+def _run_job(task: RankTask, cfg, core, runner, channel, ready) -> Any:
+    """`task.job` on this rank: the leader's part (steps handed to the peers, STOP at its end, even a
+    failed one) or a follower's."""
+    from runtime.distributed.step_channel import STOP
+
+    lead_job, follow_job = task.job
+    ready()
+    if not task.info.is_leader:
+        return follow_job(runner, channel)
+    if channel is not None:
+        runner.step_sender = channel.send
+    try:
+        return lead_job(task, cfg, core, runner)
     finally:
         if channel is not None:
             channel.send(STOP)

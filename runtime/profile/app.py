@@ -2,9 +2,11 @@
 grid -- decode batch x context (graph replay and eager), prefill tokens x cached prefix (one and several
 sequences), mixed steps, MoE and LM-head operators -- and the host work per step, into tidy CSV tables
 under sim/profiles/<hardware>/<model>/ (`profile.out_dir`), with meta.json. Resumable: points already in
-a table are skipped. Imports torch (through the runner).
+a table are skipped. tp=N (ep=M) profiles one replica of N GPUs into tp<N>[ep<M>]/ under that directory
+(all but the ops table). Imports torch (through the runner).
 
   python run.py mode=profile                       # DeepSeek-V2-Lite on this GPU, quick grid
+  python run.py mode=profile tp=2                  # ... on 2 GPUs: sim/profiles/<hardware>/<model>/tp2/
   python run.py mode=profile profile.grid=full
   python run.py mode=profile model=tiny_mla_moe hardware=cpu profile.grid=smoke profile.out_dir=/tmp/p
 """
@@ -22,6 +24,7 @@ from runtime.profile.kv_fill import KV_FILLS, FilledPool, fill_kv_pool, sequence
 from runtime.profile.grid import GRIDS, Grid, Limits, decode_points, prefill_points, shared_decode_points
 from runtime.profile.plans import SharedPrefixBatch, SyntheticBatch, step_plan
 from runtime.profile.tables import ProfileTable, write_meta
+from sim.costmodel.profile_layouts import layout_subdir
 from sim.costmodel.profile_tables import profile_dir
 
 SECTIONS = ("decode", "prefill", "host", "mixed", "ops", "decode_shared")   # measured in this order
@@ -38,12 +41,11 @@ Point = tuple[str, dict, Callable[[], list[dict] | dict]]   # (table, key values
 
 
 def run_profile(cfg: DictConfig, out_dir: str | Path | None = None) -> dict:
-    """Measure every grid point missing from the tables; returns {table: rows} and the directory."""
-    from runtime.engine.build_runner import build_model_runner, graph_max_batch_size
-
+    """Measure every grid point missing from the tables; returns {table: rows} and the directory. With
+    tp > 1 the layout's ranks are spawned as `mode=real` spawns them (runtime.profile.ranks): the leader
+    measures, the others run the steps it launches."""
     if cfg.profile.grid not in GRIDS:
         raise ValueError(f"profile.grid={cfg.profile.grid}: expected one of {sorted(GRIDS)}")
-    grid = GRIDS[cfg.profile.grid]
     sections = SECTIONS if cfg.profile.sections is None else tuple(s.strip() for s in str(cfg.profile.sections).split(","))
     if set(sections) - set(SECTIONS):
         raise ValueError(f"profile.sections: {sorted(set(sections) - set(SECTIONS))} not in {SECTIONS}")
@@ -51,12 +53,42 @@ def run_profile(cfg: DictConfig, out_dir: str | Path | None = None) -> dict:
     if kv_fill not in KV_FILLS:
         raise ValueError(f"profile.kv_fill={kv_fill}: expected one of {KV_FILLS}")
     core = build_core(cfg)
-    if core.layout.num_gpus != 1:
-        raise ValueError("mode=profile runs one GPU for now (tp=ep=dp=pp=1)")
-    directory = Path(out_dir or cfg.profile.out_dir or profile_dir(core.hardware.name, core.model.name))
+    layout = core.layout
+    check_profile_layout(layout, int(cfg.get("nnodes", 1)))
+    directory = Path(out_dir or cfg.profile.out_dir
+                     or profile_dir(core.hardware.name, core.model.name) / layout_subdir(layout.tp, layout.ep))
+    if layout.tp == 1:
+        from runtime.engine.build_runner import build_model_runner
+        started = time.perf_counter()
+        return profile_runner(cfg, core, build_model_runner(cfg, core), directory, sections, started)
+    if "ops" in sections:               # single operators of a sharded model: collectives the peers never join
+        if cfg.profile.sections is not None:
+            raise ValueError(f"profile.sections=ops at tp={layout.tp}: the ops table times single operators "
+                             "on one GPU; profile them with tp=1")
+        print(f"profile: tp={layout.tp}: the ops section (single operators, one GPU) is skipped")
+        sections = tuple(s for s in sections if s != "ops")
+    from runtime.profile.ranks import profile_on_ranks
+    return profile_on_ranks(cfg, core, directory, sections)
+
+
+def check_profile_layout(layout, nnodes: int) -> None:
+    """mode=profile measures one replica of tp GPUs (ep of them sharing the experts) on one node."""
+    if layout.dp > 1 or layout.dp_attention:
+        raise ValueError(f"mode=profile measures one replica: dp={layout.dp}"
+                         f"{' dp_attention' if layout.dp_attention else ''} is not profiled (a dp layout's "
+                         "replicas are priced by the profile of one, tp=N ep=M)")
+    if layout.pp > 1 or nnodes > 1:
+        raise ValueError(f"mode=profile runs tp (and ep) on one node; pp={layout.pp} nnodes={nnodes} is not profiled")
+
+
+def profile_runner(cfg: DictConfig, core, runner, directory: Path, sections: tuple[str, ...], started: float) -> dict:
+    """Measure `sections` through `runner` (one GPU, or a TP leader whose peers follow its steps) into the
+    tables under `directory`, and append this run to its meta.json."""
+    from runtime.engine.build_runner import graph_max_batch_size
+
+    grid = GRIDS[cfg.profile.grid]
+    kv_fill = str(cfg.profile.kv_fill)
     tables = {s: ProfileTable(directory, s, KEYS[s], resume=bool(cfg.profile.resume)) for s in sections}
-    started = time.perf_counter()
-    runner = build_model_runner(cfg, core)
     sched = cfg.scheduler
     limits = Limits(kv_slots=core.kv_capacity_tokens,
                     max_context_tokens=core.model.max_context_tokens or core.kv_capacity_tokens,
@@ -71,10 +103,11 @@ def run_profile(cfg: DictConfig, out_dir: str | Path | None = None) -> dict:
         own_layout = _fill_and_measure(points, runner, core, limits, tables, pool, bool(cfg.progress))
     else:
         _measure(points, tables, bool(cfg.progress))
+    layout = core.layout
     write_meta(directory, {
         "grid": cfg.profile.grid, "sections": list(sections), "hardware": core.hardware.name,
         "model": core.model.name, "device_name": _device_name(runner.device), "dtype": str(cfg.real.dtype),
-        "layout": {"tp": core.layout.tp, "ep": core.layout.ep, "pp": core.layout.pp},
+        "layout": {"tp": layout.tp, "ep": layout.ep, "pp": layout.pp}, "num_gpus": layout.tp,
         "kv_capacity_tokens": core.kv_capacity_tokens, "cuda_graph_max_bs": graph_max_bs,
         "piecewise_max_tokens": runner.piecewise.buckets[-1] if runner.piecewise is not None else 0,
         "fast_path": bool(cfg.real.fast_path), "points_measured": len(points), "kv_fill": kv_fill,

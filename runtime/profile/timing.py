@@ -27,16 +27,29 @@ class StepTiming:
     repeats: int
 
 
+@dataclass(frozen=True)
+class EagerDecode:
+    """A TP leader's word to its peers (runtime.profile.ranks.follow_steps): run the steps that follow
+    eagerly (on) or as serving does (off)."""
+
+    on: bool
+
+
 @contextmanager
 def eager_decode(runner) -> Iterator[None]:
     """Decode steps run eagerly inside the block: no decode graph, and no piecewise graphs (which would
-    otherwise take a decode batch the decode graphs do not cover)."""
+    otherwise take a decode batch the decode graphs do not cover). A TP leader's peers are told so."""
+    tell = getattr(runner, "step_sender", None)
     saved, runner.graphs = runner.graphs, None
     saved_piecewise, runner.piecewise = getattr(runner, "piecewise", None), None
+    if tell is not None:
+        tell(EagerDecode(True))
     try:
         yield
     finally:
         runner.graphs, runner.piecewise = saved, saved_piecewise
+        if tell is not None:
+            tell(EagerDecode(False))
 
 
 def time_plan(runner, plan: StepPlan, repeats: int) -> StepTiming:

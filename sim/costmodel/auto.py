@@ -1,6 +1,7 @@
 """`costmodel=auto` (the default): the profiled cost model where sim/profiles/<hardware>/<model>/ holds a
-profile and the layout is the one it measured (one GPU per replica, no DP attention), else the roofline.
-Torch-free."""
+profile of the run's replica layout (its own directory for one GPU, tp<N>[ep<M>]/ under it for N
+tensor-parallel GPUs: sim.costmodel.profile_layouts), else the roofline (pp > 1, DP attention, or a layout
+not profiled). Torch-free."""
 from __future__ import annotations
 
 from typing import Callable
@@ -9,12 +10,13 @@ from runtime.core.hardware import HardwareSpec
 from runtime.core.layout import ParallelLayout
 from runtime.core.model_spec import ModelSpec
 from sim.costmodel.base import CostModel
-from sim.costmodel.profile_tables import has_profile, profile_dir
+from sim.costmodel.profile_layouts import layout_profile_dir
+from sim.costmodel.profile_tables import has_profile
 
 
 def profile_applies(model: ModelSpec, hardware: HardwareSpec, layout: ParallelLayout) -> bool:
-    return (layout.tp == layout.ep == layout.pp == 1 and not layout.dp_attention
-            and has_profile(profile_dir(hardware.name, model.name)))
+    directory = layout_profile_dir(hardware.name, model.name, layout)
+    return directory is not None and has_profile(directory)
 
 
 def auto_cost_model(model: ModelSpec, hardware: HardwareSpec, layout: ParallelLayout,

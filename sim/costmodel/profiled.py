@@ -16,7 +16,6 @@ falling back to the roofline, scaled to the nearest measured point, outside the 
 from __future__ import annotations
 
 import bisect
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -30,8 +29,9 @@ from sim.costmodel.base import CostModel, StepShape
 from sim.costmodel.profile_host import HostTable
 from sim.costmodel.shared_reads import fit_shared_read_fraction
 from sim.costmodel.profile_tables import (
-    Curve, DecodeTable, PrefillColumns, capture_batch_sizes, has_profile, lerp_rows, profile_dir,
+    Curve, DecodeTable, PrefillColumns, capture_batch_sizes, lerp_rows,
 )
+from sim.costmodel.profile_layouts import profile_for_layout
 
 FORMS = ("mha", "absorbed")
 
@@ -44,13 +44,8 @@ class ProfiledCostModel:
                  fallback: Callable[..., CostModel], profile: str = "auto", cuda_graph: bool = True,
                  cuda_graph_max_bs: int | None = None, default_graph_max_bs: int = 1024,
                  piecewise_max_tokens: int | None = None) -> None:
-        directory = profile_dir(hardware.name, model.name) if profile == "auto" else Path(profile)
-        if not has_profile(directory):
-            raise FileNotFoundError(f"no profile for {model.name} on {hardware.name} in {directory}: "
-                                    "run `python run.py mode=profile` there, or use costmodel=roofline")
-        if not layout.tp == layout.ep == layout.pp == 1 or layout.dp_attention:
-            raise ValueError("profiled cost model: the profile is of one GPU per replica (tp=ep=pp=1, "
-                             "no DP attention); use costmodel=roofline for this layout")
+        # the profile of this layout's replicas (tp/ep); pp, DP attention and unprofiled layouts refused
+        directory = profile_for_layout(hardware.name, model.name, layout, profile)
         self.directory, self.model = directory, model
         # the profile measured extend steps as the runtime ran them (piecewise graphs where it had them);
         # the roofline prices the steps outside its grid the same way

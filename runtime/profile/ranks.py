@@ -1,0 +1,75 @@
+"""`mode=profile` with tp > 1: the layout's ranks spawned and watched as `mode=real` spawns them
+(runtime.distributed: one process per GPU, NCCL on GPU, gloo on CPU). The TP leader runs the profile
+through its runner, whose launches hand each step to the group; the other ranks run the steps they
+receive. A rank that dies stops the run naming it (RankFailed). Imports torch in the ranks only.
+"""
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing as mp
+import time
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+
+def profile_on_ranks(cfg: DictConfig, core, directory: Path, sections: tuple[str, ...]) -> dict:
+    """Spawn the tp ranks of one replica, profile `sections` on the leader into `directory`; the leader's
+    result (as run_profile returns it)."""
+    from runtime.distributed.app import make_tasks, node_plan
+    from runtime.distributed.launch import RankProcesses
+
+    cfg = cfg.copy()
+    OmegaConf.set_struct(cfg, False)
+    cfg.profile.out_dir, cfg.profile.sections = str(directory), ",".join(sections)
+    plan = node_plan(cfg, core)
+    context = mp.get_context("spawn")
+    tasks, out_queue = make_tasks(cfg, core, plan, context, directory, False, None)
+    tasks = [dataclasses.replace(t, job=(lead_profile, follow_steps)) for t in tasks]
+    print(f"profile: tp={core.layout.tp} ep={core.layout.ep}: {len(tasks)} ranks ({plan.device_type}, {plan.backend})"
+          f" -> {directory}", flush=True)
+    procs = RankProcesses(tasks, out_queue, context)
+    results: dict[int, object] = {}
+    try:
+        procs.start()
+        while len(results) < len(tasks):
+            message = procs.next_message(None)      # raises RankFailed when a rank dies or fails
+            if message[0] == "done":
+                results[message[1]] = message[2]
+        procs.join()
+    finally:
+        procs.stop()
+    return results[next(t.info.rank for t in tasks if t.info.is_leader)]
+
+
+def lead_profile(task, cfg, core, runner) -> dict:
+    """The TP leader: the profile, through a runner whose launches reach the group."""
+    from runtime.profile.app import profile_runner
+
+    sections = tuple(str(cfg.profile.sections).split(","))
+    return profile_runner(cfg, core, runner, Path(cfg.profile.out_dir), sections, time.perf_counter())
+
+
+def follow_steps(runner, channel) -> dict:
+    """A rank other than the leader: run every step the leader launches, eagerly while it says so, until
+    its STOP. Returns how many steps ran."""
+    from runtime.distributed.step_channel import KEEPALIVE, STOP
+    from runtime.profile.timing import EagerDecode, eager_decode
+
+    steps, eager = 0, None
+    while True:
+        message = channel.recv()
+        if message == STOP:
+            return {"steps": steps}
+        if message == KEEPALIVE:
+            continue
+        if isinstance(message, EagerDecode):
+            if message.on and eager is None:
+                eager = eager_decode(runner)
+                eager.__enter__()
+            elif not message.on and eager is not None:
+                eager.__exit__(None, None, None)
+                eager = None
+            continue
+        runner.run(message)
+        steps += 1
