@@ -107,3 +107,12 @@ def test_profile_refuses_layouts_it_does_not_measure():
         run_profile(compose_config(PROFILE + ["dp=2"]))
     with pytest.raises(ValueError, match="profile.sections=ops at tp=2"):
         run_profile(compose_config(PROFILE + ["tp=2", "profile.sections=ops"]))
+
+
+def test_tp2_ep2_profile_goes_to_its_layout_directory(tmp_path, monkeypatch):
+    monkeypatch.setattr(profile_tables, "PROFILES_DIR", tmp_path)
+    result = run_profile(compose_config(PROFILE + ["tp=2", "ep=2", "profile.sections=decode"]))
+    directory = tmp_path / "cpu" / "tiny_mla_moe" / "tp2ep2"
+    assert result["directory"] == str(directory) and result["decode"] > 0
+    assert json.loads((directory / "meta.json").read_text())["layout"] == {"tp": 2, "ep": 2, "pp": 1}
+    assert (pd.read_csv(directory / "decode.csv")["device_s"] > 0).all()
