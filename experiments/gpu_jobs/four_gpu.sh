@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call on 4 GPUs of one host (run from the repo root on the GPU machine), everything under OUT:
+# One device call on 4 GPUs of one host (run from the repo root on the GPU machine), everything under OUT (and packed into OUT/four_gpu.tgz: the device tool returns only a few files):
 #   bash experiments/gpu_jobs/four_gpu.sh OUT
 # Switches: PARTS="decode collectives serve v3" (which parts, always in this order), BUDGET_S=560 (every part's
 # timeout is cut to what is left of it, a part with too little left is skipped), DECODE_LAYOUTS="tp1 tp2 tp4 tp4ep4",
@@ -99,4 +99,7 @@ for f in sorted(out.glob("serve/*/summary.json")):
           f"step |err| median {err:.3f}")
 PY
 cat "$OUT/parts.txt" 2>/dev/null
+# the device tool brings back only a few files of OUT: everything also goes in one archive beside them
+rm -f "$OUT"/serve/*/*.png
+tar czf "/tmp/four_gpu.tgz" -C "$OUT" . && mv /tmp/four_gpu.tgz "$OUT/four_gpu.tgz" && ls -la "$OUT/four_gpu.tgz"
 true
