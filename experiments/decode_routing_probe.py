@@ -13,12 +13,11 @@ GPU (imports torch).
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 
 import numpy as np
 
-from experiments.probe_runner import filled_runner
+from experiments.probe_runner import decode_probe_args, filled_runner
 from runtime.core.batch import ScheduledItem
 from runtime.core.request import Request, RequestStatus
 from runtime.profile.plans import PROFILE_SAMPLING, finish, step_plan, synthetic_request
@@ -64,12 +63,8 @@ def decode_items(requests: list[Request], context: int) -> list[ScheduledItem]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batches", type=int, nargs="*", default=[1, 4, 8, 16, 32, 64])
-    parser.add_argument("--context", type=int, default=1024)
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args()
+    args = decode_probe_args(__doc__.splitlines()[0], [1, 4, 8, 16, 32, 64],
+                             lambda p: p.add_argument("--context", type=int, default=1024), repeats=20)
     core, runner, fill_slots = filled_runner(args.overrides)
     counter = ExpertCounter(runner.model)
     vocab, ctx = core.model.vocab_size, args.context

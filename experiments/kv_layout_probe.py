@@ -8,11 +8,9 @@ requests' tokens interleaved), (c) scattered: a random sample of the written poo
 """
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 
-from experiments.probe_runner import filled_runner
+from experiments.probe_runner import decode_probe_args, filled_runner
 from runtime.core.batch import ScheduledItem
 from runtime.profile.plans import finish, step_plan, synthetic_request
 from runtime.profile.timing import time_plan
@@ -36,12 +34,8 @@ def slot_layout(kind: str, batch: int, context: int, pool_slots: int, seed: int 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batches", type=int, nargs="*", default=[16, 64, 128, 256])
-    parser.add_argument("--context", type=int, default=1024)
-    parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args()
+    args = decode_probe_args(__doc__.splitlines()[0], [16, 64, 128, 256],
+                             lambda p: p.add_argument("--context", type=int, default=1024))
     core, runner, filled = filled_runner(args.overrides)
     vocab = core.model.vocab_size
     print("batch  layout       ms      / contiguous")

@@ -6,9 +6,7 @@ steps of B requests whose contexts are all equal against steps with the same sum
 """
 from __future__ import annotations
 
-import argparse
-
-from experiments.probe_runner import filled_runner
+from experiments.probe_runner import decode_probe_args, filled_runner
 from runtime.core.batch import ScheduledItem
 from runtime.profile.plans import finish, step_plan, synthetic_request
 from runtime.profile.timing import time_plan
@@ -25,12 +23,8 @@ def contexts_of(kind: str, batch: int, mean: int) -> list[int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batches", type=int, nargs="*", default=[4, 8, 16, 32, 64, 128])
-    parser.add_argument("--mean", type=int, default=1024)
-    parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args()
+    args = decode_probe_args(__doc__.splitlines()[0], [4, 8, 16, 32, 64, 128],
+                             lambda p: p.add_argument("--mean", type=int, default=1024))
     core, runner, _ = filled_runner(args.overrides)
     vocab = core.model.vocab_size
     print("batch  kind    contexts(min/max)   ms      / equal")

@@ -19,3 +19,18 @@ def filled_runner(overrides: list[str]):
     slots = min(core.kv_capacity_tokens, FILL_SLOTS_MAX)
     fill_kv_pool(runner, slots, 8192, core.model.max_context_tokens or 8192, core.model.vocab_size, progress=False)
     return core, runner, slots
+
+
+def decode_probe_args(description: str, default_batches: list[int], add_arguments=None, repeats: int = 10,
+                      argv=None):
+    """The decode probes' command line: --batches, --repeats, Hydra overrides, plus what `add_arguments(parser)`
+    adds. Returns the parsed args."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--batches", type=int, nargs="*", default=default_batches)
+    parser.add_argument("--repeats", type=int, default=repeats)
+    if add_arguments is not None:
+        add_arguments(parser)
+    parser.add_argument("overrides", nargs="*")
+    return parser.parse_args(argv)
