@@ -14,25 +14,26 @@ SLOT_DTYPE = np.int32   # KV slot and page indices, from the allocator through t
 _FEW_RUNS = 8      # up to this many runs of consecutive pages, a double-free check reads them as slices
 
 
-def _runs(pages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The maximal runs of consecutive ascending pages in `pages` (non-empty), as [start, end)
-    bounds in the order given (int64 [runs] each). Freed slots come from radix leaves: runs of ~7
-    pages on average on the Mooncake trace."""
-    last = np.flatnonzero(pages[1:] - pages[:-1] != 1)                   # [runs - 1] a run's last index
-    starts = np.empty(last.size + 1, dtype=np.int64)
-    starts[0], starts[1:] = pages[0], pages[last + 1]
-    ends = np.empty(last.size + 1, dtype=np.int64)
-    ends[:-1], ends[-1] = pages[last], pages[-1]
-    ends += 1
-    return starts, ends
+def _run_bounds(pages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The maximal runs of consecutive ascending pages in `pages` (non-empty): their first pages
+    and their last pages, each sorted ascending on its own (`pages`' dtype, [runs] each). Freed
+    slots come from radix leaves: runs of ~7 pages on average on the Mooncake trace."""
+    last = (pages[1:] != pages[:-1] + 1).nonzero()[0]                   # [runs - 1] a run's last index
+    firsts = np.empty(last.size + 1, dtype=pages.dtype)
+    firsts[0], firsts[1:] = pages[0], pages[last + 1]
+    lasts = np.empty(last.size + 1, dtype=pages.dtype)
+    lasts[:-1], lasts[-1] = pages[last], pages[-1]
+    firsts.sort()
+    lasts.sort()
+    return firsts, lasts
 
 
-def _runs_overlap(starts: np.ndarray, ends: np.ndarray) -> bool:
-    """Whether two of the runs [starts, ends) share a page (bounds in [0, 2**31)): sorted by start,
-    one starts before the one before it ends. Sorts the runs, not every page."""
-    keys = starts << 32 | ends                                           # [runs] by start, then end
-    keys.sort()
-    return bool(((keys[1:] >> 32) < (keys[:-1] & 0xFFFFFFFF)).any())
+def _runs_overlap(firsts: np.ndarray, lasts: np.ndarray) -> bool:
+    """Whether two runs share a page, from their first and last pages sorted each on its own
+    (`_run_bounds`): runs [f, l] are disjoint iff the i-th smallest last page is below the
+    (i+1)-th smallest first page for every i (at any page, the runs started minus the runs ended
+    before it is then at most 1). Two sorts of the runs' bounds, not of every page."""
+    return bool((lasts[:-1] >= firsts[1:]).any())
 
 
 class KVSlotAllocator:
@@ -205,26 +206,27 @@ class KVSlotAllocator:
             return
         if ps == 1:
             pages = index
-            starts, ends = _runs(pages)                     # range and repeats from the runs' bounds
-            self._check_range(int(starts.min()), int(ends.max()) - 1)
-            repeated = _runs_overlap(starts, ends)
+            firsts, lasts = _run_bounds(pages)              # range and repeats from the runs' bounds
+            self._check_range(int(min(firsts[0], lasts[0])), int(max(firsts[-1], lasts[-1])))
+            repeated = _runs_overlap(firsts, lasts)
         else:
             self._check_range(int(index.min()), int(index.max()))
             raw = index // ps
             _, first = np.unique(raw, return_index=True)
             pages = raw[np.sort(first)]                      # distinct, in the order first named
-            repeated, starts, ends = False, None, None
+            repeated, firsts, lasts = False, None, None
         self._settle()
-        if repeated or not self._all_allocated(pages, starts, ends):
+        if repeated or not self._all_allocated(pages, firsts, lasts):
             self._raise_double_free(pages.tolist())
         self._push(pages)                                    # their bytes settle lazily
 
-    def _all_allocated(self, pages: np.ndarray, starts: np.ndarray | None, ends: np.ndarray | None) -> bool:
+    def _all_allocated(self, pages: np.ndarray, firsts: np.ndarray | None, lasts: np.ndarray | None) -> bool:
         """Whether every page of `pages` (in range: checked) reads allocated; by slices when they
-        form a few runs of consecutive pages (`starts`, `ends`), else one gather."""
+        form a few disjoint runs of consecutive pages (`firsts`, `lasts` sorted: the i-th of each
+        bound the same run), else one gather."""
         allocated = self._page_allocated
-        if starts is not None and starts.size <= _FEW_RUNS:
-            return all(allocated[s:e].all() for s, e in zip(starts.tolist(), ends.tolist()))
+        if firsts is not None and firsts.size <= _FEW_RUNS:
+            return all(allocated[f:l + 1].all() for f, l in zip(firsts.tolist(), lasts.tolist()))
         return bool(allocated.take(pages, mode="clip").all())
 
     def _free_small(self, slots: list[int]) -> None:
