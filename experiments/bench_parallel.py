@@ -10,7 +10,9 @@ greedy tokens each layout serves.
 speed: every rank builds the runner (dummy weights, decode graphs at the benchmarked batch sizes) and
 times (a) `forward` (graph replay + the greedy argmax's host sync; all ranks step in lockstep), and
 (b) the served step: the leader's `launch(plan).wait()` with each step's inputs broadcast to the group,
-the other ranks running what they receive (runtime.distributed.worker.follow). Context C tokens of KV per
+the other ranks running what they receive (runtime.distributed.worker.follow), and (c) the same served steps
+pipelined as the overlap loop launches them (step n + 1 before waiting for step n; each step's device interval,
+`served_pipelined`). Context C tokens of KV per
 sequence. Rows: the slowest rank's median, and the largest peak of allocated GPU memory of any rank (dummy
 weight init included). `--override` applies Hydra overrides to the composed model config (each row records
 them); the runner's weights are in --dtype whatever model.weight_dtype says (the runtime has no fp8 linears).
@@ -59,6 +61,7 @@ def layout_rank(info, groups, args: dict) -> dict:
     from runtime.engine.fast_path import FastPathConfig
     from runtime.engine.forward_batch import ForwardBatch
     from runtime.engine.model_runner import ModelRunner
+    from runtime.profile.timing import time_plan
 
     spec = instantiate(compose_config([f"model={args['model']}", *args["overrides"]]).model)
     parallel = ModelParallel(info.tp_rank, info.tp, info.ep, groups.comm()) if groups else SINGLE
@@ -101,14 +104,18 @@ def layout_rank(info, groups, args: dict) -> dict:
             if channel is not None:
                 runner.step_sender = channel.send
             samples = timed(lambda: runner.launch(plan).wait(), args["repeats"], together=False)   # peers follow
+            sent = channel.bytes_sent if channel else 0
+            # as the overlap loop serves: step n + 1 launched before step n is waited for; its device interval
+            pipelined = time_plan(runner, plan, args["repeats"]).durations_s
             runner.step_sender = None
             if channel is not None:
                 channel.send(STOP)
-            rows.append(_row(args, info, batch, "served_step", samples, runner.load_time_s,
-                             channel.bytes_sent if channel else 0))
+            rows.append(_row(args, info, batch, "served_step", samples, runner.load_time_s, sent))
+            rows.append(_row(args, info, batch, "served_pipelined", [1e3 * d for d in pipelined], runner.load_time_s))
         else:
             follow(runner, channel)
-            rows.append(_row(args, info, batch, "served_step", [float("nan")], runner.load_time_s))
+            for path in ("served_step", "served_pipelined"):
+                rows.append(_row(args, info, batch, path, [float("nan")], runner.load_time_s))
         barrier()
     peak_gb = round(torch.cuda.max_memory_allocated(runner.device) / 1e9, 2) if cuda else float("nan")
     return {"rows": [dict(r, peak_memory_gb=peak_gb) for r in rows], "tokens": tokens}

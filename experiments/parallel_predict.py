@@ -9,7 +9,9 @@ written beside it as <csv>_predicted.csv and printed as a table. Torch-free: run
 Which price goes with which measurement: forward_graphs / forward_eager (the runner's forward, a graph
 replay or eager launches, plus the greedy argmax) against the step's device time (step_time_s - host_time_s,
 what mode=sim charges a step under overlap scheduling), with every decode a graph replay or none;
-served_step (prepare, broadcast, run, tokens to the host, no overlap) against the whole step (step_time_s).
+served_step (prepare, broadcast, run, tokens to the host, no overlap) against the whole step (step_time_s);
+served_pipelined (served steps launched as the overlap loop launches them: each step's device interval) against
+the device time, as forward.
 Context C per sequence means C tokens of KV read by each of the batch's decodes (bench_real_decode.decode_plan).
 Collectives come from the measured tables the cost model finds (sim/costmodel/collective_table.py), after
 `--collectives` when given.
@@ -21,7 +23,7 @@ import csv
 import functools
 from pathlib import Path
 
-DEVICE_PATHS = ("forward_graphs", "forward_eager")
+DEVICE_PATHS = ("forward_graphs", "forward_eager", "served_pipelined")
 
 
 @functools.lru_cache(maxsize=None)

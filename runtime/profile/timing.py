@@ -25,6 +25,7 @@ class StepTiming:
     device_min_s: float
     launch_host_s: float     # median host time of runner.launch: batch build, attention plan, launches
     repeats: int
+    durations_s: tuple[float, ...] = ()   # every timed step's interval
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,8 @@ def time_plan(runner, plan: StepPlan, repeats: int) -> StepTiming:
             launched[-1].wait()
         launched.append(step)
     durations = [step.wait().duration_s for step in launched[1:]]
-    return StepTiming(statistics.median(durations), min(durations), statistics.median(host_s[1:]), repeats)
+    return StepTiming(statistics.median(durations), min(durations), statistics.median(host_s[1:]), repeats,
+                      tuple(durations))
 
 
 def time_op(fn: Callable[[], object], device: torch.device, repeats: int) -> float:

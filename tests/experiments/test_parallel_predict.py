@@ -1,5 +1,5 @@
 """experiments/parallel_predict.py prices bench_parallel's rows with the layout's cost model: graph replays
-below eager launches, the whole served step at or above its device part, a run's own collectives table
+below eager launches, the whole served step at or above its device part (pipelined served steps at it), a run's own collectives table
 ahead of the hardware's (tp > 1 only), model overrides applied."""
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ ROWS = [("deepseek_v2_lite", "", "tp1", 1, 1, 64, 1024, "forward_graphs", 10.0),
         ("deepseek_v3", "model.hf_config.num_hidden_layers=5 model.weight_dtype=bfloat16", "tp4", 4, 1, 1, 1024,
          "forward_graphs", 9.0),
         ("deepseek_v3", "model.hf_config.num_hidden_layers=10 model.weight_dtype=bfloat16", "tp4", 4, 1, 1, 1024,
-         "forward_graphs", 9.0)]
+         "forward_graphs", 9.0),
+        ("deepseek_v2_lite", "", "tp4ep4", 4, 4, 64, 1024, "served_pipelined", 9.0)]
 
 
 def _predict(tmp_path, name: str, *extra: str) -> list[dict]:
@@ -43,6 +44,8 @@ def test_rows_are_priced_by_their_layout(tmp_path) -> None:
     # the ratio is of the unrounded price, predicted_ms that price to 4 decimals: equal to the last digit
     assert float(rows[5]["measured_over_predicted"]) == pytest.approx(9.0 / float(rows[5]["predicted_ms"]), abs=1e-3)
     assert float(rows[6]["predicted_ms"]) > 1.5 * float(rows[5]["predicted_ms"])   # 8 MoE layers against 2
+    pipelined = rows[7]                   # served steps under overlap: their device part, as forward
+    assert float(pipelined["predicted_ms"]) == float(pipelined["pred_device_ms"]) == float(served["pred_device_ms"])
 
     table = tmp_path / "collectives.csv"
     table.write_text("collective,num_ranks,size_bytes,graph,time_s\n"
