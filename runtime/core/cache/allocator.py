@@ -41,7 +41,8 @@ class KVSlotAllocator:
     slots starting at a multiple of page_size. Capacity is floor(num_slots/page_size)*page_size.
 
     State: a LIFO stack of free page indices in a numpy array (pages freed last are reused first,
-    in the order they were passed to `free`; one slice to allocate, one block write to free) and
+    in the order they were passed to `free`; it grows downwards from the array's end, so a free
+    writes its pages as given and an allocation reads them forwards: one contiguous copy each) and
     one byte per page (1 = allocated) for double-free detection. Pages never handed out yet are
     not on the stack: they sit below it as the range [fresh_page, num_pages), taken in ascending
     order once the stack is empty (the order a full stack would give, with O(1) construction -- a
@@ -66,9 +67,9 @@ class KVSlotAllocator:
         self.page_size: int = page_size
         self.num_pages: int = num_slots // page_size
         self.check_double_free = check_double_free
-        self._stack = np.empty(0, dtype=SLOT_DTYPE)   # free pages; the top is _stack[_top - 1]
-        self._top = 0
-        self._settled_top = 0     # _stack[_settled_top:_top]: free pages whose byte still reads 1
+        self._stack = np.empty(0, dtype=SLOT_DTYPE)   # free pages _stack[_bot:]; the next out is _stack[_bot]
+        self._bot = 0
+        self._settled_bot = 0     # _stack[_bot:_settled_bot]: free pages whose byte still reads 1
         self._fresh_page = 0
         self._page_allocated = np.zeros(self.num_pages, dtype=np.uint8)
         self.reset()
@@ -80,11 +81,11 @@ class KVSlotAllocator:
 
     @property
     def num_free_pages(self) -> int:
-        return self._top + self.num_pages - self._fresh_page
+        return self._stack.size - self._bot + self.num_pages - self._fresh_page
 
     @property
     def num_free_slots(self) -> int:
-        return (self._top + self.num_pages - self._fresh_page) * self.page_size
+        return (self._stack.size - self._bot + self.num_pages - self._fresh_page) * self.page_size
 
     @property
     def num_used_slots(self) -> int:
@@ -162,22 +163,22 @@ class KVSlotAllocator:
         """Pop `num_pages` pages off the stack (the top first), then off the never-used range,
         and mark them allocated (pages whose byte still reads 1 need no write). Returns them as a
         fresh int32 array."""
-        top = self._top
-        from_stack = min(num_pages, top)
-        low = top - from_stack
+        bot = self._bot
+        from_stack = min(num_pages, self._stack.size - bot)
+        high = bot + from_stack
         fresh = num_pages - from_stack
         pages = np.empty(num_pages, dtype=SLOT_DTYPE)
-        pages[:from_stack] = self._stack[low:top][::-1]
-        if low < self._settled_top and self.check_double_free:   # freed and settled before: bytes back to 1
-            self._page_allocated[self._stack[low:self._settled_top]] = 1
-            self._settled_top = low
+        pages[:from_stack] = self._stack[bot:high]
+        if high > self._settled_bot and self.check_double_free:   # freed and settled before: bytes back to 1
+            self._page_allocated[self._stack[self._settled_bot:high]] = 1
+            self._settled_bot = high
         if fresh:
             start = self._fresh_page
             pages[from_stack:] = np.arange(start, start + fresh, dtype=SLOT_DTYPE)
             if self.check_double_free:
                 self._page_allocated[start:start + fresh] = 1
             self._fresh_page += fresh
-        self._top = low
+        self._bot = high
         return pages
 
     # -- release ----------------------------------------------------------------------
@@ -247,23 +248,27 @@ class KVSlotAllocator:
                 self._raise_double_free(pages)
             allocated[page] = 0
         self._push(np.array(pages, dtype=SLOT_DTYPE))
-        self._settled_top = self._top                        # written already
+        self._settled_bot = self._bot                        # written already
 
     def _settle(self) -> None:
         """Write 0 to the bytes of the free pages that still read 1 (every check reads bytes)."""
-        if self._settled_top < self._top:
-            self._page_allocated[self._stack[self._settled_top:self._top]] = 0
-            self._settled_top = self._top
+        if self._bot < self._settled_bot:
+            self._page_allocated[self._stack[self._bot:self._settled_bot]] = 0
+            self._settled_bot = self._bot
 
     def _push(self, pages: np.ndarray) -> None:
         """Put freed pages on the stack so that they come back out in the order given."""
-        top, n = self._top, pages.size
-        if top + n > self._stack.size:
-            grown = np.empty(max(2 * self._stack.size, top + n, 1024), dtype=SLOT_DTYPE)
-            grown[:top] = self._stack[:top]
+        bot, n = self._bot, pages.size
+        if n > bot:                                          # grown at the bottom, the free pages kept at the end
+            size = self._stack.size
+            grown = np.empty(max(2 * size, size - bot + n, 1024), dtype=SLOT_DTYPE)
+            shift = grown.size - size
+            grown[bot + shift:] = self._stack[bot:]
             self._stack = grown
-        self._stack[top:top + n] = pages[::-1]
-        self._top = top + n
+            bot += shift
+            self._settled_bot += shift
+        self._stack[bot - n:bot] = pages
+        self._bot = bot - n
 
     def _raise_double_free(self, pages: list[int]) -> None:
         """Name the first page of `pages` that is free or repeated (nothing has been freed)."""
@@ -277,8 +282,8 @@ class KVSlotAllocator:
     def reset(self) -> None:
         """Free everything; the next allocations come out in ascending order again."""
         self._stack = np.empty(0, dtype=SLOT_DTYPE)
-        self._top = 0
-        self._settled_top = 0
+        self._bot = 0
+        self._settled_bot = 0
         self._fresh_page = 0
         self._page_allocated = np.zeros(self.num_pages, dtype=np.uint8)
 
