@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from experiments.probe_runner import decode_probe_args, filled_runner
-from runtime.core.batch import ScheduledItem
-from runtime.profile.plans import finish, step_plan, synthetic_request
-from runtime.profile.timing import time_plan
+from experiments.probe_runner import decode_probe_args, decode_step_ms, filled_runner
+from runtime.profile.plans import synthetic_request
 
 LAYOUTS = ("contiguous", "strided", "scattered")
 
@@ -47,10 +45,7 @@ def main() -> None:
                 req = synthetic_request(f"kl{kind}{batch}-{i}", 11 * i + batch, args.context, 0, vocab)
                 req.kv_slots = slots.tolist()
                 requests.append(req)
-            pos = args.context - 1
-            items = [ScheduledItem(r, pos, 1, [r.kv_slots[pos]], is_decode=True, samples=True) for r in requests]
-            ms = time_plan(runner, step_plan(items), args.repeats).device_s * 1e3
-            finish(requests)
+            ms = decode_step_ms(runner, requests, [args.context] * batch, args.repeats)
             base = base or ms
             print(f"{batch:5d}  {kind:11s} {ms:7.3f}  {ms / base:6.3f}", flush=True)
 

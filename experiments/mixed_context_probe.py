@@ -6,10 +6,8 @@ steps of B requests whose contexts are all equal against steps with the same sum
 """
 from __future__ import annotations
 
-from experiments.probe_runner import decode_probe_args, filled_runner
-from runtime.core.batch import ScheduledItem
-from runtime.profile.plans import finish, step_plan, synthetic_request
-from runtime.profile.timing import time_plan
+from experiments.probe_runner import decode_probe_args, decode_step_ms, filled_runner
+from runtime.profile.plans import synthetic_request
 
 
 def contexts_of(kind: str, batch: int, mean: int) -> list[int]:
@@ -35,10 +33,7 @@ def main() -> None:
             starts = [sum(ctx[:i]) for i in range(batch)]         # each request on its own slot range
             requests = [synthetic_request(f"mc{kind}{batch}-{i}", 7 * i + batch, c, s, vocab)
                         for i, (c, s) in enumerate(zip(ctx, starts))]
-            items = [ScheduledItem(r, c - 1, 1, [r.kv_slots[c - 1]], is_decode=True, samples=True)
-                     for r, c in zip(requests, ctx)]
-            ms = time_plan(runner, step_plan(items), args.repeats).device_s * 1e3
-            finish(requests)
+            ms = decode_step_ms(runner, requests, ctx, args.repeats)
             base = base or ms
             print(f"{batch:5d}  {kind:8s} {min(ctx):6d}/{max(ctx):7d}   {ms:7.3f}  {ms / base:6.3f}", flush=True)
 

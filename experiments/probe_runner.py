@@ -34,3 +34,17 @@ def decode_probe_args(description: str, default_batches: list[int], add_argument
         add_arguments(parser)
     parser.add_argument("overrides", nargs="*")
     return parser.parse_args(argv)
+
+
+def decode_step_ms(runner, requests, contexts: list[int], repeats: int) -> float:
+    """Median device ms of one decode step of `requests`, each decoding at the last of its contexts[i] tokens
+    (timed as mode=profile times steps); the requests are finished afterwards (their slot-table rows freed)."""
+    from runtime.core.batch import ScheduledItem
+    from runtime.profile.plans import finish, step_plan
+    from runtime.profile.timing import time_plan
+
+    items = [ScheduledItem(r, c - 1, 1, [r.kv_slots[c - 1]], is_decode=True, samples=True)
+             for r, c in zip(requests, contexts)]
+    ms = time_plan(runner, step_plan(items), repeats).device_s * 1e3
+    finish(requests)
+    return ms
