@@ -14,7 +14,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 import traceback
 import warnings
 from pathlib import Path
@@ -26,56 +25,33 @@ if str(ROOT) not in sys.path:
 SLEEP_S = 0.05     # the sleep kernel a launch is made behind
 
 
-def sleep_cycles(seconds: float) -> int:
-    """Clock cycles `torch.cuda._sleep` spins for about `seconds` (measured once)."""
-    import torch
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    cycles = 10_000_000
-    start.record()
-    torch.cuda._sleep(cycles)
-    end.record()
-    end.synchronize()
-    return int(cycles * seconds / (start.elapsed_time(end) / 1e3))
-
-
-def behind_sleep(fn, cycles: int) -> float:
-    """Host milliseconds of fn() enqueued behind a sleep kernel (the device is busy throughout)."""
-    import torch
-    torch.cuda.synchronize()
-    torch.cuda._sleep(cycles)
-    t0 = time.perf_counter()
-    fn()
-    host_ms = 1e3 * (time.perf_counter() - t0)
-    torch.cuda.synchronize()
-    return host_ms
-
-
 def part_times(runner, plan, cycles: int) -> dict[str, float]:
     """Host ms of each part of a launch, each behind its own sleep (prepare, to_device, forward,
     sampling, the sampled tokens into the future ring, the token copy to the host)."""
     import torch
 
+    from kernels.event_timing import behind_sleep_ms
     from runtime.engine.model_runner import GREEDY
     state: dict = {}
-    out = {"prepare_ms": behind_sleep(lambda: state.update(inputs=runner.prepare(plan)), cycles)}
+    out = {"prepare_ms": behind_sleep_ms(lambda: state.update(inputs=runner.prepare(plan)), cycles)}
     inputs = state["inputs"]
-    out["to_device_ms"] = behind_sleep(lambda: state.update(fb=runner.batches.to_device(inputs.batch)), cycles)
+    out["to_device_ms"] = behind_sleep_ms(lambda: state.update(fb=runner.batches.to_device(inputs.batch)), cycles)
     graphs = runner.graphs
     bs = graphs.bucket(state["fb"]) if graphs is not None else None
     if bs is not None:               # the decode graph's replay, part by part (forward below does all three)
-        out["graph_fill_ms"] = behind_sleep(lambda: state.update(indptr=graphs.inputs.fill(state["fb"], bs)), cycles)
-        out["graph_plan_ms"] = behind_sleep(lambda: graphs._plan(bs, state["indptr"]), cycles)
-        out["graph_replay_ms"] = behind_sleep(lambda: graphs.graphs[bs].replay(), cycles)
-    out["forward_ms"] = behind_sleep(lambda: state.update(logits=runner.forward(state["fb"])), cycles)
+        out["graph_fill_ms"] = behind_sleep_ms(lambda: state.update(indptr=graphs.inputs.fill(state["fb"], bs)), cycles)
+        out["graph_plan_ms"] = behind_sleep_ms(lambda: graphs._plan(bs, state["indptr"]), cycles)
+        out["graph_replay_ms"] = behind_sleep_ms(lambda: graphs.graphs[bs].replay(), cycles)
+    out["forward_ms"] = behind_sleep_ms(lambda: state.update(logits=runner.forward(state["fb"])), cycles)
     rows = inputs.sample_rows
     sampling = inputs.sampling if inputs.sampling is not None else [GREEDY] * len(rows)
-    out["sample_ms"] = behind_sleep(lambda: state.update(ids=runner.sampler.sample(
+    out["sample_ms"] = behind_sleep_ms(lambda: state.update(ids=runner.sampler.sample(
         state["logits"][rows], sampling, inputs.output_positions)), cycles)
     ring = inputs.ring
-    out["ring_pageable_ms"] = behind_sleep(lambda: torch.from_numpy(ring).to(runner.device, non_blocking=True), cycles)
-    out["ring_pinned_ms"] = behind_sleep(lambda: torch.from_numpy(ring).pin_memory().to(runner.device, non_blocking=True),
+    out["ring_pageable_ms"] = behind_sleep_ms(lambda: torch.from_numpy(ring).to(runner.device, non_blocking=True), cycles)
+    out["ring_pinned_ms"] = behind_sleep_ms(lambda: torch.from_numpy(ring).pin_memory().to(runner.device, non_blocking=True),
                                          cycles)
-    out["host_copy_ms"] = behind_sleep(lambda: torch.empty(state["ids"].shape, dtype=torch.long,
+    out["host_copy_ms"] = behind_sleep_ms(lambda: torch.empty(state["ids"].shape, dtype=torch.long,
                                                            pin_memory=True).copy_(state["ids"], non_blocking=True),
                                        cycles)
     return out
@@ -137,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from experiments.compose import compose_config
+    from kernels.event_timing import behind_sleep_ms, sleep_cycles
     from runtime.build import build_core
     from runtime.engine.build_runner import build_model_runner
     from runtime.profile.plans import finish
@@ -158,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                 runner.launch(plan).wait()
             launched: list = []      # the launch alone (not its wait) behind the sleep, median of three
             row = {"step": name, "launch_behind_sleep_ms": statistics.median(
-                behind_sleep(lambda: launched.append(runner.launch(plan)), cycles) for _ in range(3))}
+                behind_sleep_ms(lambda: launched.append(runner.launch(plan)), cycles) for _ in range(3))}
             for step in launched:
                 step.wait()
             row.update(part_times(runner, plan, cycles))

@@ -4,12 +4,11 @@ the sleep still runs, so the overlap loop's host work hides under the previous s
 upload in the decode graph's inputs once made every served step wait for the one before it."""
 from __future__ import annotations
 
-import time
-
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from kernels.event_timing import behind_sleep_ms, sleep_cycles  # noqa: E402
 from runtime.core.batch import ScheduledItem  # noqa: E402
 from runtime.engine.fast_path import FastPathConfig  # noqa: E402
 from runtime.engine.model_runner import ModelRunner  # noqa: E402
@@ -21,23 +20,11 @@ SLEEP_S = 0.3
 CONTEXT = 256
 
 
-def sleep_cycles(seconds: float) -> int:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    torch.cuda._sleep(10_000_000)
-    end.record()
-    end.synchronize()
-    return int(10_000_000 * seconds / (start.elapsed_time(end) / 1e3))
-
-
 def launch_behind_sleep_s(runner: ModelRunner, plan, cycles: int) -> float:
-    torch.cuda.synchronize()
-    torch.cuda._sleep(cycles)
-    t0 = time.perf_counter()
-    step = runner.launch(plan)
-    host_s = time.perf_counter() - t0
-    step.wait()
-    return host_s
+    launched = []
+    host_ms = behind_sleep_ms(lambda: launched.append(runner.launch(plan)), cycles)
+    launched[0].wait()
+    return host_ms / 1e3
 
 
 @pytest.fixture(scope="module")
