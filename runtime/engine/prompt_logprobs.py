@@ -10,9 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
+import numpy as np
 import torch
 
 from runtime.core.batch import StepPlan
+from runtime.engine.forward_batch import _to_device
 from runtime.engine.logprob_params import prompt_logprob_start, top_logprobs_num
 from runtime.engine.sampler import pinned
 
@@ -122,7 +124,7 @@ class PromptLogprobs:
 
     def _reduce(self, rows: torch.Tensor, targets, top_num: int):   # [N, H] -> ([N], [N, K], [N, K])
         chosen, top_values, top_ids = [], [], []
-        target_t = torch.tensor(list(targets), dtype=torch.long, pin_memory=rows.is_cuda).to(rows.device, non_blocking=True)
+        target_t = _to_device(np.asarray(targets, dtype=np.int64), rows.device)          # [N]
         for b in range(0, rows.shape[0], BLOCK_ROWS):
             logprobs = torch.log_softmax(self._lm_head(rows[b:b + BLOCK_ROWS]), dim=-1)     # [n, V]
             # finite where a logit is -inf (valid JSON), as the sampled tokens' values are
