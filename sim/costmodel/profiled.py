@@ -36,6 +36,11 @@ from sim.costmodel.profile_layouts import profile_for_layout
 FORMS = ("mha", "absorbed")
 
 
+def equivalent_prefix(tokens: float, pairs: float) -> float:
+    """The cached prefix one sequence of `tokens` new tokens attends over to make `pairs` attention pairs."""
+    return pairs / tokens - (tokens + 1) / 2
+
+
 class ProfiledCostModel:
     """`fallback(model=, hardware=, layout=, cuda_graph_max_bs=, piecewise_max_tokens=)` builds the roofline used outside the
     grid. `fallbacks` counts priced steps per kind that fell outside the grid; `num_priced` all of them."""
@@ -170,12 +175,12 @@ class ProfiledCostModel:
             seconds *= self._multi_factor(form, num_seqs, tokens, sum_prefix / num_seqs)
         if inside:
             return seconds, True
-        return self._prefill_fallback(shape, tokens, pairs / tokens - (tokens + 1) / 2, form), False
+        return self._prefill_fallback(shape, tokens, equivalent_prefix(tokens, pairs), form), False
 
     def _base_prefill_s(self, tokens: int, pairs: float, sum_prefix: float, form: str) -> tuple[float, bool]:
         """One sequence with the step's attention pairs (its equivalent prefix p_eq); in MHA form plus
         the expansion of the summed prefix beyond p_eq (kv_b_proj over every cached token, each layer)."""
-        p_eq = pairs / tokens - (tokens + 1) / 2
+        p_eq = equivalent_prefix(tokens, pairs)
         seconds, inside = self.single.lookup(tokens, p_eq, self.columns[form])
         if form == "mha" and self.model.is_mla:
             seconds += self.expand_s_per_token * max(sum_prefix - max(p_eq, 0.0), 0.0)
@@ -193,12 +198,12 @@ class ProfiledCostModel:
             return 0.0
         extra, residual = [], []
         for row in multi.itertuples(index=False):
-            seqs, each, prefix = int(row.num_seqs), row.new_tokens // row.num_seqs, row.prefix_tokens
-            if prefix <= 0 or self._form([prefix] * seqs, [each + prefix] * seqs) != "mha":
+            _, pairs, sum_prefix, form = self._equal_sequences(row)
+            if row.prefix_tokens <= 0 or form != "mha":
                 continue
-            p_eq = (seqs * (each * (each + 1) / 2 + each * prefix)) / row.new_tokens - (row.new_tokens + 1) / 2
+            p_eq = equivalent_prefix(row.new_tokens, pairs)
             single, _ = self.single.lookup(row.new_tokens, p_eq, self.columns["mha"])
-            extra.append(seqs * prefix - max(p_eq, 0.0))
+            extra.append(sum_prefix - max(p_eq, 0.0))
             residual.append(row.device_s - single)
         if extra:
             x, y = np.asarray(extra), np.asarray(residual)
@@ -233,15 +238,20 @@ class ProfiledCostModel:
         return {form: cols or everything for form, cols in by_form.items()}
 
     # -- several sequences per step ---------------------------------------------------------
+    def _equal_sequences(self, row) -> tuple[int, float, int, str]:
+        """(sequences, attention pairs, summed prefix, MLA form) of a profiled step of num_seqs equal
+        sequences (a prefill.csv row: new_tokens split evenly, each after prefix_tokens cached)."""
+        seqs, each, prefix = int(row.num_seqs), row.new_tokens // row.num_seqs, row.prefix_tokens
+        pairs = seqs * (each * (each + 1) / 2 + each * prefix)
+        return seqs, pairs, seqs * prefix, self._form([prefix] * seqs, [each + prefix] * seqs)
+
     def _multi_factors(self, rows: pd.DataFrame) -> dict[str, list[tuple[int, "_FactorGrid"]]]:
         """Per MLA form and measured sequence count: measured / single-sequence prediction at each
         multi-sequence point of that form (forms differ in what several sequences save or cost)."""
         points: dict[tuple[str, int], list] = {}
         for row in rows.itertuples(index=False):
-            seqs, each = int(row.num_seqs), row.new_tokens // row.num_seqs
-            pairs = seqs * (each * (each + 1) / 2 + each * row.prefix_tokens)
-            form = self._form([row.prefix_tokens] * seqs, [each + row.prefix_tokens] * seqs)
-            single, _ = self._base_prefill_s(row.new_tokens, pairs, seqs * row.prefix_tokens, form)
+            seqs, pairs, sum_prefix, form = self._equal_sequences(row)
+            single, _ = self._base_prefill_s(row.new_tokens, pairs, sum_prefix, form)
             points.setdefault((form, seqs), []).append((row.new_tokens, row.prefix_tokens, row.device_s / single))
         levels: dict[str, list] = {form: [] for form in FORMS}
         for (form, seqs), factors in sorted(points.items(), key=lambda kv: kv[0][1]):
