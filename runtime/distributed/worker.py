@@ -162,11 +162,12 @@ def _run_job(task: RankTask, cfg, core, runner, channel, ready) -> Any:
             channel.send(STOP)
 
 
-def follow(runner, channel, exchange=None) -> int:
+def follow(runner, channel, exchange=None, control=None) -> int:
     """A rank of a TP (or attention TP) group other than its leader: run every step the leader
     broadcasts, until STOP. Under DP attention a step carries every attention rank's token counts
     (set on the model's `exchange`) and the decode graph the ranks agreed on (set on the runner), and
-    none of this group's own tokens for the idle step."""
+    none of this group's own tokens for the idle step. `control(message)`: True when it took a message
+    that is not a step (a job's own word to its peers, e.g. runtime.profile.timing.EagerDecode)."""
     from runtime.distributed.lockstep import RankStep
     from runtime.distributed.step_channel import KEEPALIVE, STOP
 
@@ -178,6 +179,8 @@ def follow(runner, channel, exchange=None) -> int:
         if message == STOP:
             return steps
         if message == KEEPALIVE:
+            continue
+        if control is not None and control(message):
             continue
         if isinstance(message, RankStep):
             exchange.set_step_tokens(message.step_tokens)

@@ -51,25 +51,21 @@ def lead_profile(task, cfg, core, runner) -> dict:
 
 
 def follow_steps(runner, channel) -> dict:
-    """A rank other than the leader: run every step the leader launches, eagerly while it says so, until
-    its STOP. Returns how many steps ran."""
-    from runtime.distributed.step_channel import KEEPALIVE, STOP
+    """A rank other than the leader: run every step the leader launches (runtime.distributed.worker.follow),
+    eagerly while it says so, until its STOP. Returns how many steps ran."""
+    from runtime.distributed.worker import follow
     from runtime.profile.timing import EagerDecode, eager_decode
 
-    steps, eager = 0, None
-    while True:
-        message = channel.recv()
-        if message == STOP:
-            return {"steps": steps}
-        if message == KEEPALIVE:
-            continue
-        if isinstance(message, EagerDecode):
-            if message.on and eager is None:
-                eager = eager_decode(runner)
-                eager.__enter__()
-            elif not message.on and eager is not None:
-                eager.__exit__(None, None, None)
-                eager = None
-            continue
-        runner.run(message)
-        steps += 1
+    eager: list = []              # the open eager_decode block while the leader's steps run eagerly
+
+    def control(message) -> bool:
+        if not isinstance(message, EagerDecode):
+            return False
+        if message.on and not eager:
+            eager.append(eager_decode(runner))
+            eager[0].__enter__()
+        elif not message.on and eager:
+            eager.pop().__exit__(None, None, None)
+        return True
+
+    return {"steps": follow(runner, channel, control=control)}

@@ -116,3 +116,31 @@ def test_tp2_ep2_profile_goes_to_its_layout_directory(tmp_path, monkeypatch):
     assert result["directory"] == str(directory) and result["decode"] > 0
     assert json.loads((directory / "meta.json").read_text())["layout"] == {"tp": 2, "ep": 2, "pp": 1}
     assert (pd.read_csv(directory / "decode.csv")["device_s"] > 0).all()
+
+
+def test_a_follower_runs_the_leaders_eager_stretch_eagerly():
+    """runtime.profile.ranks.follow_steps: between the leader's EagerDecode(True) and (False) the follower's
+    runner has no graphs (as eager_decode leaves the leader's), around them its own; keep-alives and the
+    control words are not steps."""
+    from runtime.distributed.step_channel import KEEPALIVE, STOP
+    from runtime.profile.ranks import follow_steps
+    from runtime.profile.timing import EagerDecode
+
+    class Runner:
+        graphs, piecewise = "decode graphs", "piecewise graphs"
+        ran: list = []
+
+        def run(self, inputs):
+            self.ran.append((inputs, self.graphs, self.piecewise))
+
+    class Channel:
+        messages = iter(["s1", EagerDecode(True), KEEPALIVE, "s2", EagerDecode(True), "s3", EagerDecode(False),
+                         "s4", STOP])
+
+        def recv(self):
+            return next(self.messages)
+
+    runner = Runner()
+    assert follow_steps(runner, Channel()) == {"steps": 4}
+    assert runner.ran == [("s1", "decode graphs", "piecewise graphs"), ("s2", None, None), ("s3", None, None),
+                          ("s4", "decode graphs", "piecewise graphs")]
