@@ -21,11 +21,17 @@ from runtime.core.batch import StepPlan
 
 @dataclass(frozen=True)
 class StepTiming:
-    device_s: float          # median step interval (CUDA events; CPU: host clock)
-    device_min_s: float
-    launch_host_s: float     # median host time of runner.launch: batch build, attention plan, launches
+    durations_s: tuple[float, ...]   # every timed step's interval (CUDA events; CPU: host clock)
+    launch_host_s: float             # median host time of runner.launch: batch build, attention plan, launches
     repeats: int
-    durations_s: tuple[float, ...] = ()   # every timed step's interval
+
+    @property
+    def device_s(self) -> float:     # the median interval
+        return statistics.median(self.durations_s)
+
+    @property
+    def device_min_s(self) -> float:
+        return min(self.durations_s)
 
 
 @dataclass(frozen=True)
@@ -65,8 +71,7 @@ def time_plan(runner, plan: StepPlan, repeats: int) -> StepTiming:
             launched[-1].wait()
         launched.append(step)
     durations = [step.wait().duration_s for step in launched[1:]]
-    return StepTiming(statistics.median(durations), min(durations), statistics.median(host_s[1:]), repeats,
-                      tuple(durations))
+    return StepTiming(tuple(durations), statistics.median(host_s[1:]), repeats)
 
 
 def time_op(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
