@@ -24,7 +24,7 @@ BUCKETS = [0, 1, 3, 7, 15, 31, 63, 127, 255, 1 << 20]
 
 def price_over_measured(model, hardware, profile: Path, run: Path) -> pd.DataFrame:
     """Per batch bucket: decode steps and their median profiled device price / measured interval."""
-    cm = ProfiledCostModel(model, hardware, ParallelLayout(), fallback=lambda **kw: RooflineCostModel(**kw),
+    cm = ProfiledCostModel(model, hardware, ParallelLayout(), fallback=RooflineCostModel,
                            profile=str(profile))
     steps = pd.read_parquet(run / "steps.parquet")
     decode = steps[steps["mode"] == "decode"]

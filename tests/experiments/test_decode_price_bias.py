@@ -21,7 +21,7 @@ PROFILE = Path("sim/profiles/h200/deepseek_v2_lite")
 def test_steps_at_a_known_multiple_of_the_price(tmp_path: Path) -> None:
     cfg = compose_config(["mode=sim", "model=deepseek_v2_lite", "hardware=h200"])
     model, hardware = instantiate(cfg.model), instantiate(cfg.hardware)
-    cm = ProfiledCostModel(model, hardware, ParallelLayout(), fallback=lambda **kw: RooflineCostModel(**kw),
+    cm = ProfiledCostModel(model, hardware, ParallelLayout(), fallback=RooflineCostModel,
                            profile=str(PROFILE))
     rows, start = [], 0.0
     for batch, context, slower in [(1, 900, 1.25), (1, 1500, 1.25), (6, 6 * 700, 0.8), (40, 40 * 2000, 1.0)]:
