@@ -284,7 +284,8 @@ def run_tokens(args: argparse.Namespace, out_dir: Path) -> dict:
             results, _, _ = serve(cfg, tmp, collect_output_ids=True, specs=specs)
         # one leader, or (DP attention) one per attention rank, each with the requests routed to it
         outputs[name] = {rid: ids for result in results.values() for rid, ids in result.output_ids.items()}
-        replays[name] = [results[r].facts.get("graph_replays", 0) for r in sorted(results)]   # per leader
+        replays[name] = [(results[r].facts.get("graph_replays", 0), results[r].facts.get("piecewise_replays", 0))
+                         for r in sorted(results)]                                            # per leader
         print(f"{name}: served {len(specs)} x {args.steps} tokens in {time.perf_counter() - started:.1f} s", flush=True)
     reference = outputs[args.layouts[0]]
     report = {"model": args.model, "dtype": args.dtype, "requests": args.requests, "steps": args.steps,
@@ -296,7 +297,8 @@ def run_tokens(args: argparse.Namespace, out_dir: Path) -> dict:
             "tokens_equal": sum(a == b for rid in reference for a, b in zip(reference[rid], got[rid])),
             "tokens": sum(len(v) for v in reference.values()),
             "first_divergence_per_request": first_diff,
-            "graph_replays_per_leader": replays[name]}      # decode steps served by a CUDA graph replay
+            "graph_replays_per_leader": [d for d, _ in replays[name]],        # decode steps replayed as a graph
+            "piecewise_replays_per_leader": [p for _, p in replays[name]]}    # extend steps replayed as pieces
         print(name, report["layouts"][name], flush=True)
     return report
 

@@ -65,7 +65,7 @@ def main() -> None:
         print(f"{'per step':>8} {'mean us':>8} {'us/step':>8} {'share':>6}  kernel")
         for r in rows[:40]:
             print(f"{r['per_step']:8.1f} {r['mean_us']:8.2f} {r['step_us']:8.1f} {r['step_us'] / step_us:6.1%}  {r['kernel']}")
-        out_rows += [dict(batch=batch, context=args.context, step_us=round(step_us, 1), **r) for r in rows]
+        out_rows += [dict(batch=batch, context=args.context, step_interval_us=round(step_us, 1), **r) for r in rows]
         finish(requests)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

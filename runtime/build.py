@@ -74,12 +74,13 @@ def decode_graph_batch_sizes(cfg: DictConfig) -> list[int]:
 def piecewise_graph_tokens(cfg: DictConfig) -> int:
     """New tokens of the largest step the real runtime captures as piecewise CUDA graphs (0: none), as
     runtime/engine/build_runner.py decides it: `real.piecewise_cuda_graph_max_tokens`, or (null)
-    PIECEWISE_DEFAULT_MAX_TOKENS capped by the prefill chunk."""
+    PIECEWISE_DEFAULT_MAX_TOKENS capped by the prefill chunk. Under tp > 1 every GPU of the group captures
+    the same counts (the pieces hold the all-reduces); DP attention captures none."""
     real = cfg.get("real")
     if real is None or not (real.get("fast_path") and real.get("cuda_graph") and real.get("piecewise_cuda_graph")):
         return 0
-    if int(cfg.get("tp", 1)) > 1:          # captured on one GPU per replica only (DP attention: tp >= dp > 1)
-        return 0
+    if cfg.get("dp_attention", False) and int(cfg.get("dp", 1)) > 1:
+        return 0          # DP attention: ranks extend different token counts; its prefill rounds run eagerly
     if real.get("piecewise_cuda_graph_max_tokens") is not None:
         return int(real.piecewise_cuda_graph_max_tokens)
     chunk = int(cfg.scheduler.chunked_prefill_size)

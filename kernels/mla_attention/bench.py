@@ -68,7 +68,8 @@ def row(impl: str, heads: int, batch: int, kv_len: int, ms: float) -> dict:
             "ratio_sglang": round(ms / sglang, 3) if sglang else ""}
 
 
-def bench_case(batch, kv_len, heads, iters, sweep, flush, mla, device="cuda") -> list[dict]:
+def bench_case(batch, kv_len, heads, iters, sweep, flush, mla, device="cuda", triton_too=True) -> list[dict]:
+    """mla: {impl name: FlashInferMLA} (one per FlashInfer backend asked for), or None."""
     rows = []
     sm_scale = 1 / (128 + ROPE_DIM) ** 0.5
     q_nope, q_rope, kv_cache, kv_indptr, kv_indices = make_inputs(batch, kv_len, heads, device=device)
@@ -82,16 +83,17 @@ def bench_case(batch, kv_len, heads, iters, sweep, flush, mla, device="cuda") ->
             print(f"  {impl}: FAILED {type(exc).__name__}: {str(exc).splitlines()[0][:200]}", file=sys.stderr)
             traceback.print_exc(limit=2, file=sys.stderr)
 
-    if mla is not None:
+    for impl, wrapper in (mla or {}).items():
         lens = torch.full((batch,), kv_len, dtype=torch.int32)
         try:
-            mla.plan(torch.arange(batch + 1, dtype=torch.int32), torch.arange(batch + 1, dtype=torch.int32) * kv_len,
-                     kv_indices, lens, heads, LATENT_DIM, ROPE_DIM, sm_scale, torch.bfloat16, torch.bfloat16)
-            attempt("flashinfer", lambda: mla.run(q_nope, q_rope, kv_cache))
+            wrapper.plan(torch.arange(batch + 1, dtype=torch.int32), torch.arange(batch + 1, dtype=torch.int32) * kv_len,
+                         kv_indices, lens, heads, LATENT_DIM, ROPE_DIM, sm_scale, torch.bfloat16, torch.bfloat16)
+            attempt(impl, lambda w=wrapper: w.run(q_nope, q_rope, kv_cache))
         except Exception as exc:
-            print(f"  flashinfer plan FAILED: {exc!r}"[:300], file=sys.stderr)
+            print(f"  {impl} plan FAILED: {exc!r}"[:300], file=sys.stderr)
     cfg = default_config(heads, LATENT_DIM)
-    attempt("triton", lambda: mla_decode_triton(q_nope, q_rope, kv_cache, kv_indptr, kv_indices, sm_scale))
+    if triton_too:
+        attempt("triton", lambda: mla_decode_triton(q_nope, q_rope, kv_cache, kv_indptr, kv_indices, sm_scale))
     if sweep:
         for c in TRITON_SWEEP:
             name = f"triton[h{c.block_h},n{c.block_n},w{c.num_warps},s{c.num_stages}]"
@@ -116,17 +118,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="4 cases, fewer iterations, no sweep")
     parser.add_argument("--no-sweep", action="store_true", help="skip the Triton block-size sweep")
     parser.add_argument("--iters", type=int, default=None)
+    parser.add_argument("--backends", nargs="+", default=["auto"],
+                        help="FlashInfer MLA backends to time (auto: fa3 on Hopper; fa2); rows 'flashinfer[<b>]'")
+    parser.add_argument("--batches", type=int, nargs="+", default=None)
+    parser.add_argument("--kv-lens", type=int, nargs="+", default=None)
+    parser.add_argument("--heads", type=int, nargs="+", default=None)
+    parser.add_argument("--no-triton", action="store_true", help="FlashInfer only")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("bench needs a CUDA GPU")
     batches, kv_lens, heads_list = ([1, 64], [4096], [16, 128]) if args.quick else \
         ([1, 8, 64, 256], [1024, 4096], [16, 128])
+    batches, kv_lens, heads_list = args.batches or batches, args.kv_lens or kv_lens, args.heads or heads_list
     iters = args.iters or (10 if args.quick else 30)
-    sweep = not (args.quick or args.no_sweep)
-    mla = None
+    sweep = not (args.quick or args.no_sweep or args.no_triton)
+    mla = {}
     try:
         from kernels.mla_attention.flashinfer_mla import FlashInferMLA
-        mla = FlashInferMLA("cuda")
+        for backend in args.backends:
+            mla["flashinfer" if backend == "auto" else f"flashinfer[{backend}]"] = FlashInferMLA("cuda", backend=backend)
     except Exception as exc:
         print(f"flashinfer unavailable: {exc!r}", file=sys.stderr)
     flush = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")   # > H200's 60 MB L2
@@ -136,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
         for kv_len in kv_lens:
             for batch in batches:
                 print(f"case heads={heads} batch={batch} kv_len={kv_len}", flush=True)
-                rows += bench_case(batch, kv_len, heads, iters, sweep, flush, mla)
+                rows += bench_case(batch, kv_len, heads, iters, sweep, flush, mla, triton_too=not args.no_triton)
                 torch.cuda.empty_cache()
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w", newline="") as f:
@@ -161,7 +171,8 @@ def print_table(rows: list[dict]) -> None:
         fmt = lambda r, k: f"{r[k]}" if r else "-"   # noqa: E731
         print(f"{heads:>4} {batch:>4} {kv_len:>5} | {fmt(fi, 'ms'):>13} {fmt(fi, 'frac_of_copy_bw'):>5} "
               f"{fmt(fi, 'ratio_sglang') if fi else '-':>6} | {fmt(tr, 'ms'):>9} {fmt(tr, 'frac_of_copy_bw'):>5} | "
-              f"{best['impl'] if best else '-':<28} {fmt(best, 'ms'):>8} {fmt(best, 'frac_of_copy_bw'):>5}")
+              f"{best['impl'] if best else '-':<28} {fmt(best, 'ms'):>8} {fmt(best, 'frac_of_copy_bw'):>5}"
+              + "".join(f" | {r['impl']} {r['ms']}" for r in here if r["impl"].startswith("flashinfer[")))
 
 
 if __name__ == "__main__":

@@ -240,7 +240,7 @@ def run_real_distributed(cfg: DictConfig, out_dir: str | Path | None = None) -> 
     requests, steps = merged_records(results, dp)
     summary = summarize(requests, steps, mode="real", wall_time_s=time.perf_counter() - wall_start)
     facts = {k: v for k, v in results[0].facts.items()
-             if k not in ("idle_steps", "lockstep_rounds", "graph_steps", "graph_replays")}
+             if k not in ("idle_steps", "lockstep_rounds", "graph_steps", "graph_replays", "piecewise_replays")}
     summary.update(facts, leaked_kv_slots=sum(r.facts["leaked_kv_slots"] for r in results.values()),
                    load_time_s=max(r.facts["load_time_s"] for r in results.values()),
                    step_prediction_error=step_prediction_error(steps))

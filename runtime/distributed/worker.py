@@ -193,6 +193,12 @@ def follow(runner, channel, exchange=None, control=None) -> int:
         steps += 1
 
 
+def graph_replay_counts(runner) -> tuple[int, int]:
+    """(decode graph replays, piecewise extend replays) of `runner` so far."""
+    return (runner.graphs.num_replays if runner.graphs is not None else 0,
+            runner.piecewise.num_replays if getattr(runner, "piecewise", None) is not None else 0)
+
+
 def lead(task: RankTask, cfg, core, runner, channel, ready, lockstep=None) -> LeaderResult:
     """The TP leader: the scheduler and the real-time driver of one DP replica, over a replay of the
     workload (dp=1) or the router's inbox (dp > 1). `ready()` reports it set up: the router starts its
@@ -233,12 +239,12 @@ def lead(task: RankTask, cfg, core, runner, channel, ready, lockstep=None) -> Le
         source = LockstepSource(source, lockstep, core.scheduler.has_work)
     if channel is not None:
         source = KeepAliveSource(source, lambda: channel.send(KEEPALIVE), info.timeout_s / 4)
-    replays_before = runner.graphs.num_replays if runner.graphs is not None else 0   # warm-up's
+    replays_before = graph_replay_counts(runner)                                      # warm-up's
     outcome = driver.serve(source, total=total)
-    replays = runner.graphs.num_replays - replays_before if runner.graphs is not None else 0
+    replays, piecewise_replays = (n - before for n, before in zip(graph_replay_counts(runner), replays_before))
     facts = dict(kv_capacity_tokens=core.kv_capacity_tokens, load_time_s=runner.load_time_s,
                  warmup_s=runner.warmup_s, device=str(runner.device), leaked_kv_slots=leaked_slots(core.scheduler),
-                 graph_replays=replays)
+                 graph_replays=replays, piecewise_replays=piecewise_replays)
     if lockstep is not None:
         facts.update(lockstep_rounds=lockstep.rounds, idle_steps=lockstep.idle_steps,
                      graph_steps=lockstep.graph_steps)

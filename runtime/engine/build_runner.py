@@ -52,7 +52,7 @@ def build_model_runner(cfg: DictConfig, core: CoreComponents, warmup: bool | Non
                          f"is sized for hardware={core.hardware.name}; on CPU use hardware=cpu or set "
                          "kv.capacity_tokens")
     config = core.scheduler.config
-    piecewise_tokens = piecewise_graph_tokens(cfg)         # 0: none (off, no graphs, or tp > 1), as mode=sim reads it
+    piecewise_tokens = piecewise_graph_tokens(cfg)         # 0: none (off, no graphs, DP attention), as mode=sim reads it
     fast = FastPathConfig(enabled=bool(cfg.real.fast_path), cuda_graph=bool(cfg.real.cuda_graph),
                           layer_fusions=bool(cfg.real.layer_fusions),
                           cuda_graph_max_bs=graph_max_batch_size(cfg), progress=bool(cfg.progress),

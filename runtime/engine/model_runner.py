@@ -99,8 +99,8 @@ class ModelRunner:
         if use_graphs:
             self.graphs = self._capture(fast, num_kv_slots)
         if use_graphs and fast.piecewise_cuda_graph:
-            if parallel.sharded or self.model.small_ops is None:
-                warnings.warn("piecewise CUDA graphs run on one GPU with the fused small ops; extend steps "
+            if parallel.tokens is not None or self.model.small_ops is None:
+                warnings.warn("piecewise CUDA graphs need the fused small ops and no DP attention; extend steps "
                               "run eagerly")
             else:
                 self.piecewise = self._capture_piecewise(fast)

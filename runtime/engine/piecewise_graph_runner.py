@@ -2,7 +2,9 @@
 the forward is captured as one graph per stretch between attention cores -- embedding + layer 0 up to its
 rotated q/k, then each layer's o_proj, MLP/MoE, norms and the next layer's projections, then the final
 norm -- and every layer's attention core (KV store, attention over the planned batch) runs eagerly between
-the replays, on the real tokens only. Imports torch; never imported by runtime/core or sim/.
+the replays, on the real tokens only. Under tensor parallelism every GPU of the group captures the same
+buckets in the same order, the pieces holding the layers' all-reduces as the decode graphs do (the ranks
+run the same step, so they pad to the same bucket). Imports torch; never imported by runtime/core or sim/.
 
 Legend: T = real new tokens, P = padded tokens (a captured size), H = hidden. Padding rows carry token 0 at
 position 0 through the static pieces only: they never reach the KV pool or attention, their attention
@@ -71,6 +73,7 @@ class PiecewiseGraphRunner:
         self.handoff = _Handoff(max_tokens, device)
         self.pieces: dict[int, list[torch.cuda.CUDAGraph]] = {}
         self.cores: dict[int, list[_Core]] = {}
+        self.num_replays = 0                  # steps replayed so far (warm-up included)
         if capture:
             self.mempool = torch.cuda.graph_pool_handle()
             self._capture_all(progress)
@@ -170,6 +173,7 @@ class PiecewiseGraphRunner:
         """Logits [B, V] float32 of step fb: pieces replayed, attention cores run on fb's T real tokens."""
         ctx = self._prepare(fb, num_padded)
         pieces, cores = self.pieces[num_padded], self.cores[num_padded]
+        self.num_replays += 1
         for piece, core in zip(pieces, cores):
             piece.replay()
             core.run(fb.num_tokens, ctx)

@@ -171,7 +171,10 @@ def test_fast_path_is_wired_for_gqa_models(bf16_runner) -> None:
     assert runner.attn_backend.kernel == ("flashinfer" if flashinfer_available() else "triton")
     assert isinstance(runner.model.small_ops, FusedSmallOps)
     moe = [m for m in runner.model.modules() if isinstance(m, MoE)]
-    assert all(m.fused_router_weight().shape[0] == m.experts.w13.shape[0] + 1 for m in moe)
+    # the router rows plus Qwen2-MoE's shared-expert gate row; the shared experts stacked after the routed ones
+    assert all(m.fused_router_weight().shape[0] == m.gate.config.num_experts + 1 for m in moe)
+    assert all(m.experts.w13.shape[0] == m.gate.config.num_experts + m.num_fused_shared > m.gate.config.num_experts
+               for m in moe)
     assert bool(moe) == (runner.name == "qwen2_moe")
 
 

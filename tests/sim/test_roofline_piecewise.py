@@ -59,7 +59,8 @@ def test_static_work_runs_over_the_padded_token_count() -> None:
     (["real.piecewise_cuda_graph_max_tokens=512"], 512),
     (["real.piecewise_cuda_graph=false"], 0),
     (["real.cuda_graph=false"], 0),
-    (["tp=2"], 0),                                         # the runtime captures them on one GPU only
+    (["tp=2"], 2048),                                      # every GPU of the TP group captures them
+    (["tp=2", "ep=2"], 2048),
     (["model=deepseek_v2_lite", "tp=2", "dp=2", "dp_attention=true"], 0),   # DP attention: decode graphs only
     (["costmodel=roofline", "costmodel.piecewise_max_tokens=1024"], None),   # the cost model's own
 ])
