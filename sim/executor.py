@@ -35,11 +35,12 @@ def simulated_tokens(req: Request | RequestSpec, first_index: int, num_tokens: i
 
 
 def simulated_streams(specs: Sequence[RequestSpec], vocab_size: int, int_objects: np.ndarray) -> list[list[int]]:
-    """`simulated_tokens(spec, 0, max_new_tokens)` of every spec, hashed in one vectorised pass."""
+    """`simulated_tokens(spec, 0, max_new_tokens)` of every spec, hashed in one vectorised pass: the
+    hashed ids become one list of shared ints, and each spec's stream is a slice of it."""
     knowns, lengths = [], []
     for spec in specs:
         num_tokens = spec.output_len if spec.sampling is None else spec.sampling.max_new_tokens   # sampling_params()
-        knowns.append(list(spec.expected_output_ids[:num_tokens]) if spec.expected_output_ids else [])
+        knowns.append(spec.expected_output_ids[:num_tokens] if spec.expected_output_ids else ())
         lengths.append(num_tokens)
     first = np.array([len(k) for k in knowns], dtype=np.int64)                         # [R]
     missing = np.array(lengths, dtype=np.int64) - first                               # [R]
@@ -47,10 +48,12 @@ def simulated_streams(specs: Sequence[RequestSpec], vocab_size: int, int_objects
     seeds = np.array([_rid_seed(spec.rid) for spec in specs], dtype=np.uint64)        # [R]
     # token j of spec r hashes seed_r + first_r + j - start_r (uint64, wrapping): one repeat per spec
     offsets = seeds + (first - (ends - missing)).astype(np.uint64)                     # [R]
-    x = np.arange(int(ends[-1]) if len(specs) else 0, dtype=np.uint64) + np.repeat(offsets, missing)
-    ids = int_objects[_hashed_ids(x, vocab_size)]                                      # [sum missing]
+    x = np.repeat(offsets, missing)                                                   # [sum missing]
+    x += np.arange(x.size, dtype=np.uint64)
+    ids = int_objects[_hashed_ids(x, vocab_size)].tolist()                            # [sum missing]
     bounds = np.concatenate(([0], ends)).tolist()
-    return [known + ids[a:b].tolist() for known, a, b in zip(knowns, bounds[:-1], bounds[1:])]
+    return [list(known) + ids[a:b] if known else ids[a:b]
+            for known, a, b in zip(knowns, bounds[:-1], bounds[1:])]
 
 
 def _rid_seed(rid: str) -> int:
