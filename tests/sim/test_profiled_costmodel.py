@@ -135,9 +135,12 @@ def test_auto_picks_the_profile_only_where_one_applies():
     core = build_core(tiny)
     assert isinstance(instantiate(tiny.costmodel)(model=core.model, hardware=core.hardware, layout=core.layout),
                       RooflineCostModel)
-    core = build_core(compose_config(["tp=2"]))
+    core = build_core(compose_config(["tp=2"]))                    # committed: .../deepseek_v2_lite/tp2
+    tp2 = instantiate(cfg.costmodel)(model=core.model, hardware=core.hardware, layout=ParallelLayout(tp=2))
+    assert isinstance(tp2, ProfiledCostModel) and tp2.directory.name == "tp2"
+    core = build_core(compose_config(["tp=4"]))                    # no tp=4 profile: the roofline
     assert isinstance(instantiate(cfg.costmodel)(model=core.model, hardware=core.hardware,
-                                                 layout=ParallelLayout(tp=2)), RooflineCostModel)
+                                                 layout=ParallelLayout(tp=4)), RooflineCostModel)
 
 
 def test_capture_grid_matches_the_runtime():
