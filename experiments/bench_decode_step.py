@@ -17,7 +17,6 @@ work of building the batch from the plan (ForwardBatch.from_plan) and the sample
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
 import time
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from hydra.utils import instantiate
 
 from experiments.bench_real_decode import decode_plan
 from experiments.compose import compose_config
+from experiments.rows_csv import write_rows_csv
 from runtime.core.cache.allocator import KVSlotAllocator
 from runtime.engine.fast_path import FastPathConfig, torch_reference_small_ops
 from runtime.engine.forward_batch import ForwardBatch
@@ -216,11 +216,7 @@ def main() -> None:
     for batch in args.batch:
         rows += bench_batch(runner, args.model, batch, args.context, slots, spec.vocab_size, args, unfused_graphs)
     summarize(rows)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_rows_csv(out, rows)
     print(f"wrote {out}")
 
 

@@ -12,12 +12,11 @@ over the stacked experts), MLA input (two GEMMs vs one over the stacked weight).
 from __future__ import annotations
 
 import argparse
-import csv
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from experiments.rows_csv import write_rows_csv
 from kernels.fused_moe.align import moe_align_block_size
 from kernels.fused_moe.fused_moe_triton import fused_moe
 from kernels.fused_moe.router_topk import router_topk
@@ -99,12 +98,7 @@ def main() -> None:
     for part, variant in dict.fromkeys((r["part"], r["variant"]) for r in rows):
         us = [r["us_per_call"] for r in rows if (r["part"], r["variant"]) == (part, variant)]
         print(f"{part:10s} {variant:42s} " + " ".join(f"{u:7.2f}" for u in us))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_rows_csv(args.out, rows)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ match; bf16: reported, see --dtype).
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import statistics
 import sys
@@ -230,11 +229,9 @@ def write_results(args: argparse.Namespace, rows: list[dict], report: dict) -> N
     base = {(r["batch"], r["path"]): r["ms_median"] for r in rows if r["layout"] == args.layouts[0]}
     for r in rows:
         r["speedup_vs_" + args.layouts[0]] = round(base.get((r["batch"], r["path"]), float("nan")) / r["ms_median"], 3)
-    path = args.out / f"parallel_decode_{args.model}.csv"
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    from experiments.rows_csv import write_rows_csv
+
+    path = write_rows_csv(args.out / f"parallel_decode_{args.model}.csv", rows)
     if report:
         meta = {"model": args.model, "dtype": args.dtype, "requests": args.requests, "steps": args.steps,
                 "prompt_len": args.prompt_len, "reference": args.layouts[0], "layouts": report}

@@ -6,13 +6,12 @@ then one decode step of batch B at context C, timed after warm-up. GPU (or CPU f
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
-from pathlib import Path
 
 from hydra.utils import instantiate
 
 from experiments.compose import compose_config
+from experiments.rows_csv import write_rows_csv
 from runtime.core.batch import ForwardMode, ScheduledItem, StepPlan
 from runtime.core.cache.allocator import KVSlotAllocator
 from runtime.core.request import Request, SamplingParams
@@ -59,12 +58,7 @@ def main() -> None:
                "step_ms_min": round(min(times) * 1e3, 3), "load_s": round(runner.load_time_s, 2)}
         rows.append(row)
         print(row)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_rows_csv(args.out, rows)
 
 
 if __name__ == "__main__":

@@ -7,11 +7,11 @@ interval next to the summed kernel time (the rest: gaps between kernels, host wa
 """
 from __future__ import annotations
 
-import csv
 from collections import defaultdict
 from pathlib import Path
 
 from experiments.probe_runner import decode_probe_args, filled_runner
+from experiments.rows_csv import write_rows_csv
 from runtime.profile.plans import synthetic_request
 
 
@@ -68,12 +68,7 @@ def main() -> None:
         out_rows += [dict(batch=batch, context=args.context, step_interval_us=round(step_us, 1), **r) for r in rows]
         finish(requests)
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        with args.out.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(out_rows[0]))
-            writer.writeheader()
-            writer.writerows(out_rows)
-        print(f"wrote {args.out}")
+        print(f"wrote {write_rows_csv(args.out, out_rows)}")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,8 @@ import csv
 import functools
 from pathlib import Path
 
+from experiments.rows_csv import write_rows_csv
+
 DEVICE_PATHS = ("forward_graphs", "forward_eager", "served_pipelined")
 
 
@@ -75,11 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.csv:
         with path.open(newline="") as f:
             rows = [predict_row(r, args.hardware, args.costmodel, args.collectives) for r in csv.DictReader(f)]
-        out = path.with_name(path.stem + "_predicted.csv")
-        with out.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
+        out = write_rows_csv(path.with_name(path.stem + "_predicted.csv"), rows)
         print(f"{path.name} on {args.hardware}, costmodel={args.costmodel} -> {out}")
         print(f"{'layout':8s} {'batch':>5s} {'ctx':>5s} {'path':15s} {'measured':>9s} {'predicted':>9s} "
               f"{'meas/pred':>9s}  cost model")
