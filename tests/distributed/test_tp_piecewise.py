@@ -17,24 +17,19 @@ if not torch.cuda.is_available():
 from experiments.compose import compose_config  # noqa: E402
 from runtime.build import piecewise_graph_tokens  # noqa: E402
 from runtime.distributed.spawn import run_on_ranks  # noqa: E402
-
-interpreter_only = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-interpreter test; the gpu tests cover CUDA")
+from tests.engine.test_fused_small_ops import interpreter_only  # noqa: E402
 
 
 def split_vs_plain(info, groups, family: str, ep: int) -> dict:
-    """On one rank: max |split - plain| / max |plain| over the steps' logits and over the KV pools."""
+    """On one rank: max |split - plain| / max |plain| of every step's logits, the largest KV difference, and
+    the padding rows of every step."""
     from omegaconf import OmegaConf
 
-    from runtime.core.graph_grids import extend_token_buckets, padded_size
     from runtime.distributed.sharding import ModelParallel
     from runtime.engine.fast_path import FusedSmallOps
-    from runtime.engine.kv_pool import create_kv_pool
     from runtime.engine.model_runner import rank_config
-    from runtime.engine.piecewise_graph_runner import PiecewiseGraphRunner
-    from runtime.models.attention_backend import TorchAttentionBackend
     from runtime.models.loader import build_model
-    from tests.engine.test_fast_path import MAX_LEN, Sequences, prompts
-    from tests.engine.test_piecewise_graphs import mixed_batch
+    from tests.engine.test_piecewise_graphs import split_and_plain_steps
 
     torch.set_num_threads(1)
     hf = OmegaConf.to_container(compose_config([f"model={family}"]).model.hf_config, resolve=True)
@@ -42,28 +37,15 @@ def split_vs_plain(info, groups, family: str, ep: int) -> dict:
     model = build_model(hf, torch.float32, "cpu", seed=0, parallel=parallel)
     model.small_ops = FusedSmallOps(model)
     config = rank_config(model.config, model)
-    plain_pool, split_pool = (create_kv_pool(config, 4 * MAX_LEN, torch.float32, "cpu") for _ in range(2))
-    runner = PiecewiseGraphRunner(model, split_pool, TorchAttentionBackend(), extend_token_buckets(256),
-                                  torch.device("cpu"), capture=False)
-    p = prompts(3, model.config.vocab_size, seed=11)
-    plain_seqs, split_seqs = Sequences(p, 0, torch.device("cpu")), Sequences(p, 0, torch.device("cpu"))
-    errors, padded_counts = [], []
-    for make in (lambda s: s.next_batch(), lambda s: s.next_batch(), lambda s: mixed_batch(s, [5, 6, 7, 8, 9])):
-        fb_plain, fb_split = make(plain_seqs), make(split_seqs)
-        want = model(fb_plain, plain_pool)
-        padded = runner.bucket(fb_split) or padded_size(fb_split.num_tokens, runner.buckets)
-        padded_counts.append(padded - fb_split.num_tokens)
-        got = runner.run_uncaptured(fb_split, padded)
-        errors.append(float((got - want).abs().max() / want.abs().max()))
-        ids = want.argmax(-1).tolist()
-        plain_seqs.append(ids)
-        split_seqs.append(ids)
+    steps, split_pool, plain_pool = split_and_plain_steps(model, config)
+
     def tensors(kv) -> tuple:                  # MLA: one latent tensor a layer; GQA: (k, v)
         return kv if isinstance(kv, tuple) else (kv,)
 
     kv = max(float((a - b).abs().max()) for layer in range(config.num_hidden_layers)
              for a, b in zip(tensors(split_pool.get_kv(layer)), tensors(plain_pool.get_kv(layer))))
-    return {"logits": errors, "kv": kv, "padding": padded_counts}
+    return {"logits": [float((s["got"] - s["want"]).abs().max() / s["want"].abs().max()) for s in steps],
+            "kv": kv, "padding": [s["padded"] - s["num_tokens"] for s in steps]}
 
 
 @interpreter_only

@@ -56,6 +56,31 @@ def mixed_batch(seqs: Sequences, extend_ids: list[int]) -> ForwardBatch:
     return ForwardBatch.build(items, seqs.device)
 
 
+def split_and_plain_steps(model, config: ModelConfig) -> tuple[list[dict], object, object]:
+    """A prefill of three prompts, a decode-only step, then an extend over a cached prefix mixed with decodes,
+    each through `model`'s plain forward and through the piecewise split (`run_uncaptured`, padded to its
+    bucket; fused small ops on the model). Per step {bucket (None: not a piecewise step), padded, num_tokens,
+    got, want}; then the split run's and the plain run's KV pools (`config`: the rank's, for their shapes)."""
+    p = prompts(3, model.config.vocab_size, seed=11)
+    plain_pool = create_kv_pool(config, 4 * MAX_LEN, torch.float32, "cpu")
+    split_pool = create_kv_pool(config, 4 * MAX_LEN, torch.float32, "cpu")
+    runner = PiecewiseGraphRunner(model, split_pool, TorchAttentionBackend(), extend_token_buckets(256),
+                                  torch.device("cpu"), capture=False)
+    plain_seqs, split_seqs = Sequences(p, 0, torch.device("cpu")), Sequences(p, 0, torch.device("cpu"))
+    steps = []
+    for make in (lambda s: s.next_batch(), lambda s: s.next_batch(), lambda s: mixed_batch(s, [5, 6, 7, 8, 9])):
+        fb_plain, fb_split = make(plain_seqs), make(split_seqs)
+        want = model(fb_plain, plain_pool)
+        bucket = runner.bucket(fb_split)
+        padded = bucket if bucket is not None else padded_size(fb_split.num_tokens, runner.buckets)
+        got = runner.run_uncaptured(fb_split, padded)
+        steps.append(dict(bucket=bucket, padded=padded, num_tokens=fb_split.num_tokens, got=got, want=want))
+        ids = want.argmax(-1).tolist()
+        plain_seqs.append(ids)
+        split_seqs.append(ids)
+    return steps, split_pool, plain_pool
+
+
 @interpreter_only
 @pytest.mark.parametrize("family", ["tiny_mla_moe", "tiny_llama"])
 def test_split_forward_matches_plain_forward_fp32(family: str) -> None:
@@ -63,28 +88,12 @@ def test_split_forward_matches_plain_forward_fp32(family: str) -> None:
     model = build_model(cfg, torch.float32, "cpu", seed=0)
     model.small_ops = FusedSmallOps(model)
     config = ModelConfig.from_hf(cfg)
-    p = prompts(3, config.vocab_size, seed=11)
-    plain_pool = create_kv_pool(config, 4 * MAX_LEN, torch.float32, "cpu")
-    split_pool = create_kv_pool(config, 4 * MAX_LEN, torch.float32, "cpu")
-    runner = PiecewiseGraphRunner(model, split_pool, TorchAttentionBackend(), extend_token_buckets(256),
-                                  torch.device("cpu"), capture=False)
-    plain_seqs, split_seqs = Sequences(p, 0, torch.device("cpu")), Sequences(p, 0, torch.device("cpu"))
-    steps = [lambda s: s.next_batch(),                                 # prefill of three prompts
-             lambda s: s.next_batch(),                                 # decode
-             lambda s: mixed_batch(s, [5, 6, 7, 8, 9])]               # extend over a prefix + decodes
-    for step, make in enumerate(steps):
-        fb_plain, fb_split = make(plain_seqs), make(split_seqs)
-        want = model(fb_plain, plain_pool)
-        padded = runner.bucket(fb_split)
-        if step == 1:                     # decode-only steps are the decode graphs' (or eager), as in SGLang
-            assert padded is None
-            padded = padded_size(fb_split.num_tokens, runner.buckets)
-        assert padded is not None and padded >= fb_split.num_tokens
-        got = runner.run_uncaptured(fb_split, padded)
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=f"{family} step {step}")
-        ids = want.argmax(-1).tolist()
-        plain_seqs.append(ids)
-        split_seqs.append(ids)
+    steps, split_pool, plain_pool = split_and_plain_steps(model, config)
+    for step, result in enumerate(steps):
+        # decode-only steps are the decode graphs' (or eager), as in SGLang
+        assert (result["bucket"] is None) == (step == 1), (family, step)
+        assert result["padded"] >= result["num_tokens"]
+        torch.testing.assert_close(result["got"], result["want"], rtol=1e-4, atol=1e-4, msg=f"{family} step {step}")
     for layer in range(config.num_hidden_layers):                      # only real tokens reach the pool
         torch.testing.assert_close(split_pool.get_kv(layer), plain_pool.get_kv(layer), rtol=1e-4, atol=1e-5)
 
