@@ -25,17 +25,11 @@
 # (once OUT/collectives.csv is committed under experiments/results/HWx4/, the first two need no --collectives)
 set -uo pipefail
 T0=$(date +%s)
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl 2>/dev/null || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
-OUT=${1:-${OUT:-/tmp/out}}
-mkdir -p "$OUT"
+source experiments/gpu_jobs/prelude.sh
 PARTS=${PARTS:-decode collectives serve v3}
 BUDGET_S=${BUDGET_S:-560}
 V3_LAYERS=${V3_LAYERS:-5}
 V3_DIR="$OUT/v3_${V3_LAYERS}l_bf16"
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpus.txt"
-case "$(head -1 "$OUT/gpus.txt")" in *H100*) HW=h100 ;; *) HW=h200 ;; esac
-echo "$HW" > "$OUT/hardware.txt"
 want() { [[ " $PARTS " == *" $1 "* ]]; }
 mark() { echo "$1: $(( $(date +%s) - T0 )) s since start" | tee -a "$OUT/parts.txt"; }
 # budget NAME MAX MIN: t = the seconds part NAME may take (MAX, cut to what is left of BUDGET_S); fails, noting

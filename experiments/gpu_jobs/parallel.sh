@@ -6,11 +6,7 @@
 # 2. NCCL collectives table (experiments/bench_collectives.py --nproc 2)
 # 3. a short `python run.py mode=real tp=2` serving run (records copied to OUT/serve_tp2)
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl 2>/dev/null || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
-OUT=${1:-${OUT:-/tmp/out}}
-mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpus.txt"
+source experiments/gpu_jobs/prelude.sh
 start=$(date +%s)
 timeout 170 python experiments/bench_parallel.py speed --tokens --batch 8 64 256 --repeats 20 --out "$OUT" 2>&1 \
   | grep -v Warning | cut -c1-300 | tee "$OUT/bench_parallel.log" | tail -30

@@ -12,13 +12,8 @@
 #   python -m experiments.compare_runs /tmp/sim_tp2 OUT/serve/tp2_piecewise
 set -uo pipefail
 T0=$(date +%s)
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl 2>/dev/null || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
-OUT=${1:-${OUT:-/tmp/out}}
+source experiments/gpu_jobs/prelude.sh
 mkdir -p "$OUT/serve"
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpus.txt"
-case "$(head -1 "$OUT/gpus.txt")" in *H100*) HW=h100 ;; *) HW=h200 ;; esac
-echo "$HW" > "$OUT/hardware.txt"
 ONLINE="workload=random workload.num_requests=400 workload.input_len=512 workload.output_len=128 workload.range_ratio=0.25 workload.request_rate=16"
 mark() { echo "$1: $(( $(date +%s) - T0 )) s since start" | tee -a "$OUT/parts.txt"; }
 serve() {  # name, seconds, overrides...
