@@ -196,7 +196,7 @@ def follow(runner, channel, exchange=None, control=None) -> int:
 def graph_replay_counts(runner) -> tuple[int, int]:
     """(decode graph replays, piecewise extend replays) of `runner` so far."""
     return (runner.graphs.num_replays if runner.graphs is not None else 0,
-            runner.piecewise.num_replays if getattr(runner, "piecewise", None) is not None else 0)
+            runner.piecewise.num_replays if runner.piecewise is not None else 0)
 
 
 def lead(task: RankTask, cfg, core, runner, channel, ready, lockstep=None) -> LeaderResult:
