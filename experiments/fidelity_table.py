@@ -4,7 +4,9 @@ on the real plans themselves (the real run's step shapes priced as the simulator
 overlap, against the measured step). Writes errors.csv and the compact steps/requests files the notebook
 plots. Torch-free.
 
-  python -m experiments.fidelity_table --real DIR/real --sim DIR/sim --out experiments/results/h200/fidelity
+  python -m experiments.fidelity_table --real DIR/real --sim DIR/sim --out experiments/results/h200/fidelity [--only W...]
+
+The rows of workloads not built this time (absent from --only, or without real records) stay as --out had them.
 """
 from __future__ import annotations
 
@@ -64,6 +66,16 @@ def build(real_root: Path, sim_root: Path, names: list[str]) -> tuple[pd.DataFra
     return pd.DataFrame(rows), pd.concat(step_frames, ignore_index=True), pd.concat(request_frames, ignore_index=True)
 
 
+def keep_other_workloads(path: Path, new: pd.DataFrame) -> pd.DataFrame:
+    """`new` after the rows of the workloads it does not hold that `path` already has (a re-run of some
+    workloads replaces theirs and keeps the rest)."""
+    if not path.exists():
+        return new
+    old = pd.read_csv(path) if path.suffix == ".csv" else pd.read_parquet(path)
+    kept = old[~old["workload"].isin(set(new["workload"]))]
+    return pd.concat([kept, new], ignore_index=True) if len(kept) else new
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--real", type=Path, required=True)
@@ -73,6 +85,8 @@ def main() -> None:
     args = parser.parse_args()
     errors, steps, requests = build(args.real, args.sim, args.only)
     args.out.mkdir(parents=True, exist_ok=True)
+    errors, steps, requests = (keep_other_workloads(args.out / name, new) for name, new in
+                               (("errors.csv", errors), ("steps.parquet", steps), ("requests.parquet", requests)))
     errors.round(ROUND).to_csv(args.out / "errors.csv", index=False)
     steps.to_parquet(args.out / "steps.parquet", index=False)
     requests.to_parquet(args.out / "requests.parquet", index=False)

@@ -22,6 +22,9 @@ from runtime.records_io import read_run  # noqa: E402
 from tests.server.server_process import REPO, start_server  # noqa: E402
 
 MODEL = "tiny_mla_moe"
+# a context long enough that a stream cut by shutdown cannot finish first on a slow or loaded machine
+LONG_STREAM_TOKENS = 30000
+LONG_CONTEXT = ["model.hf_config.max_position_embeddings=32768"]
 
 
 def alive(pid: int) -> bool:
@@ -40,7 +43,8 @@ def cmdline(pid: int) -> str:
 
 
 def read_stream_until_closed(url: str, first_chunk: threading.Event) -> None:
-    body = {"model": MODEL, "prompt": "never ending", "max_tokens": 1800, "ignore_eos": True, "stream": True}
+    body = {"model": MODEL, "prompt": "never ending", "max_tokens": LONG_STREAM_TOKENS, "ignore_eos": True,
+            "stream": True}
     try:
         with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as r:
             for line in r.iter_lines():
@@ -52,7 +56,7 @@ def read_stream_until_closed(url: str, first_chunk: threading.Event) -> None:
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_signal_shutdown_leaves_no_child_and_writes_records(tmp_path, sig):
-    server = start_server(tmp_path, ["server.graceful_shutdown_s=0"])   # in-flight requests are aborted at once
+    server = start_server(tmp_path, ["server.graceful_shutdown_s=0"] + LONG_CONTEXT)   # in-flight: aborted at once
     try:
         r = httpx.post(f"{server.url}/v1/completions", json={"model": MODEL, "prompt": "done before the end",
                                                              "max_tokens": 4, "ignore_eos": True}, timeout=60)

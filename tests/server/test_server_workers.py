@@ -19,7 +19,7 @@ pytest.importorskip("torch")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from tests.server.server_process import REPO, scheduler_info, start_server, wait_idle  # noqa: E402
-from tests.server.test_server_shutdown import alive, cmdline, read_stream_until_closed  # noqa: E402
+from tests.server.test_server_shutdown import LONG_CONTEXT, alive, cmdline, read_stream_until_closed  # noqa: E402
 
 MODEL = "tiny_mla_moe"
 WORKERS = ["server.tokenizer_workers=2"]
@@ -142,7 +142,7 @@ def test_flush_cache_summed_metrics_health_and_dump_records(server2, tmp_path):
 
 
 def test_shutdown_with_two_workers_leaves_no_child_and_writes_records(tmp_path):
-    server = start_server(tmp_path, WORKERS + ["server.graceful_shutdown_s=0"])
+    server = start_server(tmp_path, WORKERS + ["server.graceful_shutdown_s=0"] + LONG_CONTEXT)
     try:
         r = httpx.post(f"{server.url}/v1/completions", json={"model": MODEL, "prompt": "done", "max_tokens": 3},
                        timeout=60)
