@@ -92,7 +92,12 @@ class SimDriver:
     `overlap` (SGLang's overlap scheduler, as the real driver runs it): the next step is planned
     while the GPU runs the current one, so a step costs max(GPU, host) instead of their sum, the
     next plan sees the current step advanced but not resolved (a request this step ends is still
-    in the next batch), and arrivals during a step are seen one step later."""
+    in the next batch), and arrivals during a step are seen one step later. The next plan also waits
+    for the step's launch to return (the cost model's launch_time_s), as the real loop plans only after
+    `launch` returns: an eager 8k-token prefill keeps the host ~30 ms, and arrivals in that time make the
+    next plan. Decode-only steps are left out of that wait: their launches (one graph replay, or eager past
+    the graph limit) return before the step ahead of them ends, so it never binds, and coalesced decode
+    runs stay exact."""
 
     def __init__(self, scheduler: Scheduler, executor: SimExecutor, fast_forward: bool = True,
                  max_run_steps: int = 1024, progress: bool = True, record_plans: bool = False,
@@ -312,6 +317,8 @@ class SimDriver:
                     start = max(prev_end, t + result.host_s)
                     launched = _InFlight(plan, result, start, start + result.duration_s - result.host_s)
                     yield from finish_last()
+                    if plan.mode is not ForwardMode.DECODE and env.now < t + result.host_s + result.launch_s:
+                        yield env.timeout_until(t + result.host_s + result.launch_s)   # the launch returns
                     sched.advance(plan, env.now, result.next_token_ids)
                     last = launched
             finished = sched.pop_finished()

@@ -93,6 +93,13 @@ class CostModel(Protocol):
         processing): with overlap scheduling it runs while the GPU executes the previous step."""
         ...
 
+    def launch_time_s(self, shape: StepShape) -> float:
+        """Host time of launching the step (batch build, attention plan, graph replays and eager kernel
+        launches). It lies inside the device part of step_time_s (a step whose launch is longer than its
+        kernels lasts as long as its launch), and under overlap scheduling the host plans the next step
+        only once this launch has returned."""
+        ...
+
     def decode_times_s(self, num_reqs: int, context_tokens: np.ndarray, shared_tokens: int = 0) -> np.ndarray:
         """Durations of consecutive decode-only steps of one batch of `num_reqs` requests,
         where context_tokens[j] is the step-j sum of KV lengths, `shared_tokens` of them read by

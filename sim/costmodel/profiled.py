@@ -11,7 +11,9 @@ falling back to the roofline, scaled to the nearest measured point, outside the 
   prefix, at a rate fitted on the multi-sequence points), times a correction measured on those points.
   A mixed step is priced like that with its decodes as one-token extends (as the runtime runs them).
 - host time (what overlap hides): schedule + commit of the real Scheduler, from the host table.
-  Kernel launches are inside the measured device time (a step launched while the previous one runs).
+  Kernel launches are inside the measured device time (a step launched while the previous one runs);
+  the launch's own host time (host table, sim.costmodel.profile_launch) says when the host is free to
+  plan the next step.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from runtime.core.mla_form import mla_attends_as_mha
 from runtime.core.model_spec import ModelSpec
 from sim.costmodel.base import CostModel, StepShape
 from sim.costmodel.profile_host import HostTable
+from sim.costmodel.profile_launch import LaunchTable
 from sim.costmodel.shared_reads import fit_shared_read_fraction
 from sim.costmodel.profile_tables import (
     Curve, DecodeTable, PrefillColumns, capture_batch_sizes, lerp_rows,
@@ -67,7 +70,10 @@ class ProfiledCostModel:
         self.columns = self._form_columns()
         self.expand_s_per_token = self._expand_rate(prefill[prefill["num_seqs"] > 1])
         self._multi = self._multi_factors(prefill[prefill["num_seqs"] > 1])
-        self.host = HostTable(pd.read_csv(directory / "host.csv")) if (directory / "host.csv").exists() else None
+        host_rows = pd.read_csv(directory / "host.csv") if (directory / "host.csv").exists() else None
+        self.host = HostTable(host_rows) if host_rows is not None else None
+        self.launch = (LaunchTable(host_rows, piecewise_max_tokens)
+                       if host_rows is not None and "launch_s" in host_rows else None)
         shared = directory / "decode_shared.csv"
         self.shared_fit = (fit_shared_read_fraction(pd.read_csv(shared), {"graph": self.graph, "eager": self.eager})
                            if shared.exists() else None)
@@ -78,6 +84,7 @@ class ProfiledCostModel:
         self.num_priced = 0
         self._prefill_cache: dict = {}
         self._host_cache: dict[tuple[int, int, int], float] = {}
+        self._launch_cache: dict[tuple[int, int, int], float] = {}
         self._decode_host_cache: dict[int, float] = {}
 
     # -- CostModel ----------------------------------------------------------------------
@@ -91,6 +98,15 @@ class ProfiledCostModel:
         cached = self._host_cache.get(key)        # few distinct keys: decode batch sizes, full chunks
         if cached is None:
             cached = self._host_cache[key] = self.host.host_s(*key)
+        return cached
+
+    def launch_time_s(self, shape: StepShape) -> float:
+        if self.launch is None:
+            return self.roofline.launch_time_s(shape)
+        key = (len(shape.extend_new_tokens), sum(shape.extend_new_tokens), shape.num_decode_reqs)
+        cached = self._launch_cache.get(key)
+        if cached is None:
+            cached = self._launch_cache[key] = self.launch.launch_s(*key)
         return cached
 
     def decode_times_s(self, num_reqs: int, context_tokens: np.ndarray, shared_tokens: int = 0) -> np.ndarray:

@@ -142,6 +142,10 @@ class RooflineCostModel:
     def host_time_s(self, shape: StepShape) -> float:
         return self._fixed(shape.extend_new_tokens, shape.extend_prefix_tokens, shape.num_decode_reqs).cpu_s
 
+    def launch_time_s(self, shape: StepShape) -> float:
+        return self._launch_host_s(self._fixed(shape.extend_new_tokens, shape.extend_prefix_tokens,
+                                               shape.num_decode_reqs))
+
     def decode_times_s(self, num_reqs: int, context_tokens: np.ndarray, shared_tokens: int = 0) -> np.ndarray:
         ctx = np.asarray(context_tokens, dtype=np.float64)
         return self._total_s((), (), int(num_reqs), ctx, shared_tokens)
@@ -187,19 +191,28 @@ class RooflineCostModel:
         per_layer = np.maximum(flops / c.attn_flops_per_s, bytes_ / c.attn_bytes_per_s)
         return per_layer * c.num_layers
 
+    def _launch_host_s(self, fixed: FixedTerms) -> float:
+        """Host time of the step's launch: one graph replay, piecewise pieces with the eager attention
+        cores between them, or every kernel launched eagerly (plus per-sequence batch work)."""
+        hw, c = self.hardware, self.coef
+        if fixed.num_tokens == 0:
+            return 0.0
+        if fixed.use_graph:
+            return hw.cuda_graph_launch_s
+        if fixed.piecewise:
+            return (hw.cuda_graph_launch_s + c.num_layers * self.piecewise_layer_host_s
+                    + self.eager_launch_per_seq_s * fixed.num_seqs)
+        return c.num_kernels * self.kernel_launch_s + self.eager_launch_per_seq_s * fixed.num_seqs
+
     def _launch_s(self, fixed: FixedTerms, gpu_s: np.ndarray) -> np.ndarray:
-        hw = self.hardware
+        """What the launch adds to the step's device time: a graph's launch, else the launch's host time
+        the kernels do not cover (at least one kernel launch)."""
         if fixed.num_tokens == 0:
             return np.zeros_like(gpu_s)
         if fixed.use_graph:
-            return np.full_like(gpu_s, hw.cuda_graph_launch_s)
-        c = self.coef
-        if fixed.piecewise:
-            host_s = (hw.cuda_graph_launch_s + c.num_layers * self.piecewise_layer_host_s
-                      + self.eager_launch_per_seq_s * fixed.num_seqs)
-            return np.maximum(hw.cuda_graph_launch_s, host_s - gpu_s)
-        host_s = c.num_kernels * self.kernel_launch_s + self.eager_launch_per_seq_s * fixed.num_seqs
-        return np.maximum(self.kernel_launch_s, host_s - gpu_s)
+            return np.full_like(gpu_s, self.hardware.cuda_graph_launch_s)
+        floor = self.hardware.cuda_graph_launch_s if fixed.piecewise else self.kernel_launch_s
+        return np.maximum(floor, self._launch_host_s(fixed) - gpu_s)
 
 
 def fitted_constants(hardware_name: str, fit: str | None = "auto") -> dict:

@@ -71,3 +71,19 @@ def test_limit_follows_the_runtime(overrides: list[str], expected: int | None) -
         assert "piecewise_max_tokens" not in limits
     else:
         assert limits["piecewise_max_tokens"] == expected
+
+
+def test_launch_time_is_the_host_side_of_each_launch_kind() -> None:
+    """launch_time_s: one graph launch for a replayed decode, the pieces plus the eager attention cores for
+    a piecewise extend, every kernel's launch past the limit; and what a launch adds to the step is only
+    what its kernels do not cover."""
+    from tests.sim.test_roofline import decode
+
+    model = cost_model(kernel_launch_s=5e-5, cuda_graph_max_bs=256, piecewise_max_tokens=2048)
+    graph, small, big = decode(64), prefill(64), prefill(4096)
+    assert model.launch_time_s(graph) == model.hardware.cuda_graph_launch_s
+    assert model.hardware.cuda_graph_launch_s < model.launch_time_s(small) < model.launch_time_s(big)
+    for shape, floor in ((small, model.hardware.cuda_graph_launch_s), (big, 5e-5)):
+        parts = model.breakdown_s(shape)
+        gpu = model.step_time_s(shape) - parts["launch"] - parts["cpu_overhead"]
+        assert parts["launch"] == pytest.approx(max(floor, model.launch_time_s(shape) - gpu))
