@@ -97,7 +97,8 @@ class SimDriver:
     `launch` returns: an eager 8k-token prefill keeps the host ~30 ms, and arrivals in that time make the
     next plan. Decode-only steps are left out of that wait: their launches (one graph replay, or eager past
     the graph limit) return before the step ahead of them ends, so it never binds, and coalesced decode
-    runs stay exact."""
+    runs stay exact. A launch-bound step (cost model's launch_bound_s: the device waits for its launch)
+    whose launch began while the step ahead still ran ends that much earlier, up to its launch-bound part."""
 
     def __init__(self, scheduler: Scheduler, executor: SimExecutor, fast_forward: bool = True,
                  max_run_steps: int = 1024, progress: bool = True, record_plans: bool = False,
@@ -314,11 +315,15 @@ class SimDriver:
                     yield env.timeout_until(resume_s)
                 else:
                     result = self.executor.execute(plan)
-                    start = max(prev_end, t + result.host_s)
-                    launched = _InFlight(plan, result, start, start + result.duration_s - result.host_s)
+                    launch_begin = t + result.host_s
+                    start = max(prev_end, launch_begin)
+                    end = start + result.duration_s - result.host_s       # (this order: decode runs sum the same way)
+                    if result.launch_bound_s > 0.0 and prev_end > launch_begin:   # the head start the launch had
+                        end -= min(prev_end - launch_begin, result.launch_bound_s)
+                    launched = _InFlight(plan, result, start, end)
                     yield from finish_last()
-                    if plan.mode is not ForwardMode.DECODE and env.now < t + result.host_s + result.launch_s:
-                        yield env.timeout_until(t + result.host_s + result.launch_s)   # the launch returns
+                    if plan.mode is not ForwardMode.DECODE and env.now < launch_begin + result.launch_s:
+                        yield env.timeout_until(launch_begin + result.launch_s)   # the launch returns
                     sched.advance(plan, env.now, result.next_token_ids)
                     last = launched
             finished = sched.pop_finished()

@@ -112,7 +112,8 @@ class SimExecutor:
                 # past max_new_tokens: the step after the last one under overlap (its token is dropped)
                 tokens.append(stream[index] if index < len(stream) else 0)
         return StepResult(next_token_ids=tokens, duration_s=duration_s,
-                          host_s=self.cost_model.host_time_s(shape), launch_s=self.cost_model.launch_time_s(shape))
+                          host_s=self.cost_model.host_time_s(shape), launch_s=self.cost_model.launch_time_s(shape),
+                          launch_bound_s=self.cost_model.launch_bound_s(shape))
 
     def clock_origin(self) -> None:
         """None: a simulated step has no device times; the driver's clock places it."""

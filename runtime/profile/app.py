@@ -248,25 +248,32 @@ def _shared_decode(runner, key: dict, graph_max_bs: int, repeats: int, vocab: in
 
 def _prefill(runner, seqs: int, tokens: int, prefix: int, repeats: int, vocab: int):
     def measure() -> dict:
-        from runtime.profile.timing import time_plan
         each = tokens // seqs
         synthetic = SyntheticBatch(f"p{seqs}x{tokens}+{prefix}", seqs, prefix + each, 0, vocab)
-        timing = time_plan(runner, step_plan(synthetic.extend_items(each, prefix)), repeats)
+        columns = _extend_timing_columns(runner, step_plan(synthetic.extend_items(each, prefix)), repeats)
         synthetic.release()
-        return {"num_seqs": seqs, "new_tokens": tokens, "prefix_tokens": prefix, **_timing_columns(timing)}
+        return {"num_seqs": seqs, "new_tokens": tokens, "prefix_tokens": prefix, **columns}
     return measure
 
 
 def _mixed(runner, tokens: int, batch: int, context: int, repeats: int, vocab: int):
     def measure() -> dict:
-        from runtime.profile.timing import time_plan
         extend = SyntheticBatch(f"m{tokens}+{batch}", 1, tokens, 0, vocab)
         decode = SyntheticBatch(f"m{tokens}+{batch}d", batch, context, tokens, vocab)
-        timing = time_plan(runner, step_plan(extend.extend_items(tokens, 0) + decode.decode_items(context)), repeats)
+        columns = _extend_timing_columns(runner, step_plan(extend.extend_items(tokens, 0) + decode.decode_items(context)),
+                                         repeats)
         extend.release()
         decode.release()
-        return {"new_tokens": tokens, "num_decode": batch, "context_tokens": context, **_timing_columns(timing)}
+        return {"new_tokens": tokens, "num_decode": batch, "context_tokens": context, **columns}
     return measure
+
+
+def _extend_timing_columns(runner, plan, repeats: int) -> dict:
+    """A step with extends: timed as serving launches it, then with its launch hidden (`device_alone_s`:
+    what a launch begun while the step ahead still runs leaves of the interval, at least)."""
+    from runtime.profile.timing import device_alone_s, time_plan
+    timing = time_plan(runner, plan, repeats)
+    return {**_timing_columns(timing), "device_alone_s": device_alone_s(runner, plan, repeats, timing.launch_host_s)}
 
 
 def _timing_columns(timing) -> dict:

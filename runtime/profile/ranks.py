@@ -52,13 +52,18 @@ def lead_profile(task, cfg, core, runner) -> dict:
 
 def follow_steps(runner, channel) -> dict:
     """A rank other than the leader: run every step the leader launches (runtime.distributed.worker.follow),
-    eagerly while it says so, until its STOP. Returns how many steps ran."""
+    eagerly while it says so, behind a sleep kernel when it says so, until its STOP. Returns how many steps ran."""
     from runtime.distributed.worker import follow
-    from runtime.profile.timing import EagerDecode, eager_decode
+    from runtime.profile.timing import EagerDecode, SleepBeforeStep, eager_decode
 
     eager: list = []              # the open eager_decode block while the leader's steps run eagerly
 
     def control(message) -> bool:
+        if isinstance(message, SleepBeforeStep):     # the leader times the next step with its launch hidden
+            if runner.device.type == "cuda":
+                import torch
+                torch.cuda._sleep(message.cycles)
+            return True
         if not isinstance(message, EagerDecode):
             return False
         if message.on and not eager:

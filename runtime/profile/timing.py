@@ -42,6 +42,14 @@ class EagerDecode:
     on: bool
 
 
+@dataclass(frozen=True)
+class SleepBeforeStep:
+    """A TP leader's word to its peers (runtime.profile.ranks.follow_steps): enqueue a sleep kernel of
+    `cycles` before the next step, so that its launch is hidden on every rank (device_alone_s)."""
+
+    cycles: int
+
+
 @contextmanager
 def eager_decode(runner) -> Iterator[None]:
     """Decode steps run eagerly inside the block: no decode graph, and no piecewise graphs (which would
@@ -72,6 +80,28 @@ def time_plan(runner, plan: StepPlan, repeats: int) -> StepTiming:
         launched.append(step)
     durations = [step.wait().duration_s for step in launched[1:]]
     return StepTiming(tuple(durations), statistics.median(host_s[1:]), repeats)
+
+
+def device_alone_s(runner, plan: StepPlan, repeats: int, launch_host_s: float) -> float:
+    """Median device seconds of the step with its launch hidden: each launch is enqueued behind a sleep
+    kernel that outlasts it (twice the measured launch plus 5 ms) on every rank of the group, so the
+    step's interval -- its start event runs when the sleep ends -- holds its kernels only, where the
+    back-to-back interval of time_plan also holds any launch the device waited for. A launch that itself
+    waits for the device (a plan fence) still shows. CPU: time_plan's interval (no device to hide it)."""
+    if runner.device.type != "cuda":
+        return time_plan(runner, plan, repeats).device_s
+    from kernels.event_timing import sleep_cycles
+
+    cycles = sleep_cycles(2 * launch_host_s + 0.005)
+    tell = getattr(runner, "step_sender", None)
+    samples = []
+    for _ in range(repeats):
+        torch.cuda.synchronize(runner.device)
+        if tell is not None:
+            tell(SleepBeforeStep(cycles))
+        torch.cuda._sleep(cycles)
+        samples.append(runner.launch(plan).wait().duration_s)
+    return statistics.median(samples)
 
 
 def time_op(fn: Callable[[], object], device: torch.device, repeats: int) -> float:

@@ -100,6 +100,12 @@ class CostModel(Protocol):
         only once this launch has returned."""
         ...
 
+    def launch_bound_s(self, shape: StepShape) -> float:
+        """Of the device part of step_time_s, the time the device waits for the step's own launch rather
+        than computes (a host-bound step launched back to back lasts as long as its launch). Under overlap
+        the launch begins while the step ahead still runs, and that head start hides up to this much."""
+        ...
+
     def decode_times_s(self, num_reqs: int, context_tokens: np.ndarray, shared_tokens: int = 0) -> np.ndarray:
         """Durations of consecutive decode-only steps of one batch of `num_reqs` requests,
         where context_tokens[j] is the step-j sum of KV lengths, `shared_tokens` of them read by

@@ -67,6 +67,10 @@ class ProfiledCostModel:
         self.capture_sizes = capture_batch_sizes(limit) if self.graph_max_bs else []
         prefill = pd.read_csv(directory / "prefill.csv")
         self.single = PrefillColumns(prefill[prefill["num_seqs"] == 1])
+        # launch-bound time of one-sequence steps: back to back minus with the launch hidden (tables measured
+        # before `device_alone_s` existed have none: priced as launched back to back)
+        self.launch_bound = (PrefillColumns(_launch_bound_rows(prefill[prefill["num_seqs"] == 1]))
+                             if "device_alone_s" in prefill and prefill["device_alone_s"].notna().any() else None)
         self.columns = self._form_columns()
         self.expand_s_per_token = self._expand_rate(prefill[prefill["num_seqs"] > 1])
         self._multi = self._multi_factors(prefill[prefill["num_seqs"] > 1])
@@ -85,6 +89,7 @@ class ProfiledCostModel:
         self._prefill_cache: dict = {}
         self._host_cache: dict[tuple[int, int, int], float] = {}
         self._launch_cache: dict[tuple[int, int, int], float] = {}
+        self._bound_cache: dict = {}
         self._decode_host_cache: dict[int, float] = {}
 
     # -- CostModel ----------------------------------------------------------------------
@@ -107,6 +112,23 @@ class ProfiledCostModel:
         cached = self._launch_cache.get(key)
         if cached is None:
             cached = self._launch_cache[key] = self.launch.launch_s(*key)
+        return cached
+
+    def launch_bound_s(self, shape: StepShape) -> float:
+        """Steps with extends: the one-sequence table's back-to-back interval minus its device time alone
+        at the step's (tokens, equivalent prefix), at most the step's price. Decode-only steps: 0 (their
+        graph launches are shorter than their kernels)."""
+        if self.launch_bound is None or shape.is_decode_only or not (shape.extend_new_tokens or shape.num_decode_reqs):
+            return 0.0
+        key = (shape.extend_new_tokens, shape.extend_prefix_tokens, shape.num_decode_reqs, shape.decode_context_tokens)
+        cached = self._bound_cache.get(key)
+        if cached is None:
+            tokens, pairs, _, form, _ = self._extend_terms(shape)
+            bound, _ = self.launch_bound.lookup(tokens, equivalent_prefix(tokens, pairs), self.columns[form])
+            price = self._prefill_cache.get(key)             # the step's price, without counting it again
+            if price is None:
+                price = self._prefill_cache[key] = self._prefill_s(shape)
+            cached = self._bound_cache[key] = min(max(bound, 0.0), price[0])
         return cached
 
     def decode_times_s(self, num_reqs: int, context_tokens: np.ndarray, shared_tokens: int = 0) -> np.ndarray:
@@ -173,20 +195,23 @@ class ProfiledCostModel:
         return self.roofline.step_time_s(shape) - self.roofline.host_time_s(shape)
 
     # -- prefill and mixed steps ----------------------------------------------------------
-    def _prefill_s(self, shape: StepShape) -> tuple[float, bool]:
-        """(seconds, inside the grid) of a step with extends (and decodes as one-token extends)."""
+    def _extend_terms(self, shape: StepShape) -> tuple[int, float, float, str, int]:
+        """(new tokens, attention pairs, summed cached prefix, MLA form, sequences) of a step with extends,
+        its decodes counted as one-token extends."""
         news = list(shape.extend_new_tokens) + [1] * shape.num_decode_reqs
         decode_prefix = shape.decode_context_tokens - shape.num_decode_reqs    # their KV before the step
         prefixes = list(shape.extend_prefix_tokens)
-        tokens = sum(news)
         pairs = sum(n * (n + 1) / 2 + n * p for n, p in zip(shape.extend_new_tokens, prefixes))
         pairs += shape.num_decode_reqs + decode_prefix
-        sum_prefix = sum(prefixes) + decode_prefix
         seq_lens = [n + p for n, p in zip(shape.extend_new_tokens, prefixes)]
         seq_lens.append(shape.decode_context_tokens)
         form = self._form(prefixes + [decode_prefix] * bool(shape.num_decode_reqs), seq_lens)
+        return sum(news), pairs, sum(prefixes) + decode_prefix, form, len(news)
+
+    def _prefill_s(self, shape: StepShape) -> tuple[float, bool]:
+        """(seconds, inside the grid) of a step with extends (and decodes as one-token extends)."""
+        tokens, pairs, sum_prefix, form, num_seqs = self._extend_terms(shape)
         seconds, inside = self._base_prefill_s(tokens, pairs, sum_prefix, form)
-        num_seqs = len(news)
         if num_seqs > 1:
             seconds *= self._multi_factor(form, num_seqs, tokens, sum_prefix / num_seqs)
         if inside:
@@ -296,3 +321,10 @@ class _FactorGrid:
         t = min(tokens, self.max_tokens)
         p = min(max(prefix, self.prefixes[0]), self.prefixes[-1])
         return float(lerp_rows(self.prefixes, p, lambda i: self.curves[i](t)))
+
+
+def _launch_bound_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """rows with device_s replaced by its launch-bound part: back to back minus alone, >= 0 (0 where a row
+    has no device_alone_s)."""
+    alone = rows["device_alone_s"].fillna(rows["device_s"])
+    return rows.assign(device_s=(rows["device_s"] - alone).clip(lower=0.0))

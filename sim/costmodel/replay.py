@@ -28,6 +28,9 @@ class ReplayCostModel:
     def launch_time_s(self, shape: StepShape) -> float:
         return 0.0      # the recorded steps' starts already carry when the real host planned them
 
+    def launch_bound_s(self, shape: StepShape) -> float:
+        return 0.0      # the recorded durations are what the launches left
+
     def decode_times_s(self, num_reqs: int, context_tokens: np.ndarray, shared_tokens: int = 0) -> np.ndarray:
         return np.array([self.step_time_s(None) for _ in range(len(context_tokens))])  # type: ignore[arg-type]
 

@@ -146,6 +146,9 @@ class RooflineCostModel:
         return self._launch_host_s(self._fixed(shape.extend_new_tokens, shape.extend_prefix_tokens,
                                                shape.num_decode_reqs))
 
+    def launch_bound_s(self, shape: StepShape) -> float:
+        return 0.0      # priced as launched back to back (what the fitted constants were fitted on)
+
     def decode_times_s(self, num_reqs: int, context_tokens: np.ndarray, shared_tokens: int = 0) -> np.ndarray:
         ctx = np.asarray(context_tokens, dtype=np.float64)
         return self._total_s((), (), int(num_reqs), ctx, shared_tokens)

@@ -34,6 +34,9 @@ def test_profile_writes_resumable_tables_the_profiled_model_reads(tmp_path):
     decode = pd.read_csv(tmp_path / "decode.csv")
     assert set(decode["path"]) == {"eager"}                    # no CUDA graphs on CPU
     assert len(decode) == len(grid.eager_batches) * len(grid.eager_contexts)
+    for name in ("prefill", "mixed"):         # steps with extends are also timed with their launch hidden
+        frame = pd.read_csv(tmp_path / f"{name}.csv")
+        assert (frame["device_alone_s"] > 0).all(), name
     host = pd.read_csv(tmp_path / "host.csv")
     assert set(host["kind"]) == {"decode", "prefill"}
     assert (host["host_s"] >= host["schedule_s"] + host["commit_s"]).all()

@@ -144,3 +144,30 @@ def test_a_follower_runs_the_leaders_eager_stretch_eagerly():
     assert follow_steps(runner, Channel()) == {"steps": 4}
     assert runner.ran == [("s1", "decode graphs", "piecewise graphs"), ("s2", None, None), ("s3", None, None),
                           ("s4", "decode graphs", "piecewise graphs")]
+
+
+def test_a_follower_takes_the_sleep_word_as_no_step():
+    """SleepBeforeStep (the leader times a step with its launch hidden): the follower enqueues the sleep on its
+    GPU (nothing to do on CPU) and runs the next step as usual; the word is not a step."""
+    import torch
+
+    from runtime.distributed.step_channel import STOP
+    from runtime.profile.ranks import follow_steps
+    from runtime.profile.timing import SleepBeforeStep
+
+    class Runner:
+        device = torch.device("cpu")
+        graphs = piecewise = None
+        ran: list = []
+
+        def run(self, inputs):
+            self.ran.append(inputs)
+
+    class Channel:
+        messages = iter([SleepBeforeStep(1000), "s1", SleepBeforeStep(1000), "s2", STOP])
+
+        def recv(self):
+            return next(self.messages)
+
+    runner = Runner()
+    assert follow_steps(runner, Channel()) == {"steps": 2} and runner.ran == ["s1", "s2"]

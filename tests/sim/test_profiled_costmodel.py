@@ -224,3 +224,26 @@ def test_prefix_expansion_rate_is_fitted_on_the_multi_sequence_mha_points(tmp_pa
     factor = model._multi_factor("mha", 16, 128, 2048)
     assert factor == pytest.approx(1.0, abs=1e-9)   # the fitted rate explains the points: no correction left
     assert model.device_time_s(many) == pytest.approx(single + rate * (16 * 2048 - p_eq), rel=1e-9)
+
+
+def test_the_launch_bound_part_is_the_interval_back_to_back_minus_the_device_time_alone(tmp_path):
+    """A profile with `device_alone_s` (each step timed again with its launch hidden behind a sleep kernel)
+    gives steps with extends a launch-bound part: back-to-back interval minus device time alone, at the
+    step's tokens and equivalent prefix; decode-only steps none; a profile without the column none."""
+    import shutil
+    shutil.copytree(SMALL, tmp_path / "profile")
+    prefill = table("prefill")
+    prefill["device_alone_s"] = np.where(prefill["new_tokens"] <= 64, 0.4, 1.0) * prefill["device_s"]
+    prefill.to_csv(tmp_path / "profile" / "prefill.csv", index=False)
+    core = build_core(compose_config(TINY))
+    model = ProfiledCostModel(core.model, core.hardware, core.layout, fallback=RooflineCostModel,
+                              profile=str(tmp_path / "profile"))
+    row = prefill[(prefill["num_seqs"] == 1) & (prefill["prefix_tokens"] == 0)].sort_values("new_tokens").iloc[0]
+    shape = StepShape(extend_new_tokens=(int(row["new_tokens"]),), extend_prefix_tokens=(0,))
+    assert int(row["new_tokens"]) <= 64
+    assert model.launch_bound_s(shape) == pytest.approx(0.6 * row["device_s"], rel=1e-9)
+    big = prefill[(prefill["num_seqs"] == 1) & (prefill["prefix_tokens"] == 0)]["new_tokens"].max()
+    assert model.launch_bound_s(StepShape(extend_new_tokens=(int(big),), extend_prefix_tokens=(0,))) == 0.0
+    assert model.launch_bound_s(StepShape(num_decode_reqs=4, decode_context_tokens=400)) == 0.0
+    assert model.num_priced == 0                     # asking for the bound prices nothing twice
+    assert small_model().launch_bound_s(shape) == 0.0   # no device_alone_s column
