@@ -61,6 +61,10 @@ class RealSchema:
     piecewise_cuda_graph: bool = True    # CUDA, fast path, one GPU: extend/mixed steps replay per-layer graph pieces
     piecewise_cuda_graph_max_tokens: Optional[int] = None   # largest captured step; null = 2048 (capped by the chunk)
     dist_timeout_s: float = 600.0        # tp/dp > 1: a collective waiting longer fails (a peer hung); idle leaders ping
+    freeze_gc: bool = True               # once the runner is built and warm: gc.freeze(), so collections while serving
+                                         # skip the start-up objects (SGLang's /freeze_gc, which it leaves to the user)
+    gc_warning_threshold_s: float = 0.05   # a garbage collection longer than this is logged (SGLang's
+                                           # --gc-warning-threshold-secs); 0 = never; summaries count them all
 
 
 @dataclass

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.distributed.groups import RankInfo, destroy
+from runtime.gc_pauses import GCPauses, serving_gc
 
 USER_ERRORS = (ValueError, FileNotFoundError)
 TEARDOWN_S = 20.0          # how long a finished rank waits for its process groups to be destroyed
@@ -129,16 +130,21 @@ def _run_rank(task: RankTask) -> LeaderResult | dict:
     channel = StepChannel(groups.cpu_group, info.leader_rank) if groups and groups.cpu_group is not None else None
     if task.job is not None:
         return _run_job(task, cfg, core, runner, channel, ready)
+    pauses = GCPauses(float(cfg.real.gc_warning_threshold_s))
     if not info.is_leader:
         ready()
-        return {"steps": follow(runner, channel, exchange)}
+        with serving_gc(pauses, bool(cfg.real.freeze_gc)):      # a follower's collection stalls the group too
+            return {"steps": follow(runner, channel, exchange), "gc": pauses.summary()}
     lockstep = None
     if exchange is not None:
         lockstep = Lockstep(groups.leaders_group, info.dp, exchange, runner, channel)
     elif channel is not None:
         runner.step_sender = channel.send
     try:
-        return lead(task, cfg, core, runner, channel, ready, lockstep)
+        with serving_gc(pauses, bool(cfg.real.freeze_gc)):
+            result = lead(task, cfg, core, runner, channel, ready, lockstep)
+        result.facts["gc"] = pauses.summary()
+        return result
     finally:
         if channel is not None:
             channel.send(STOP)

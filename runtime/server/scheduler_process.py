@@ -11,6 +11,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from runtime.gc_pauses import GCPauses, serving_gc
 from runtime.server.ipc import Addresses, ControlReply, ControlReq, Ready
 
 
@@ -76,8 +77,10 @@ def steps_since(steps, start_s: float):
     return out
 
 
-def write_records(requests, steps, out_dir: str | Path, wall_time_s: float, plots: bool = False):
-    """requests.parquet, steps.parquet (empty when `steps` is None) and summary.json of a served run."""
+def write_records(requests, steps, out_dir: str | Path, wall_time_s: float, plots: bool = False,
+                  extra: dict | None = None):
+    """requests.parquet, steps.parquet (empty when `steps` is None) and summary.json of a served run (plus
+    the `extra` summary fields)."""
     from runtime.core.records import StepLog
     from runtime.metrics import summarize
     from runtime.records_io import requests_frame, steps_frame, write_run
@@ -86,6 +89,7 @@ def write_records(requests, steps, out_dir: str | Path, wall_time_s: float, plot
     summary = summarize(req_frame, step_frame, mode="serve", wall_time_s=wall_time_s)
     if steps is None:                                  # the driver's step log is complete only at shutdown
         summary.update(num_steps=None, num_retractions=None)
+    summary.update(extra or {})
     out = write_run(out_dir, req_frame, step_frame, summary, plots=plots)
     return out, summary
 
@@ -119,10 +123,12 @@ def run_scheduler(cfg_container: dict, addresses: Addresses, parent_pid: int) ->
         control.driver = driver = RealDriver(core.scheduler, runner, progress=False, overlap=bool(cfg.overlap))
         push.send_pyobj(Ready(core.kv_capacity_tokens, core.model.max_context_tokens, core.model.vocab_size,
                               str(runner.device), os.getpid()))
-        outcome = driver.serve(source)
+        pauses = GCPauses(float(cfg.real.gc_warning_threshold_s))
+        with serving_gc(pauses, bool(cfg.real.freeze_gc)):
+            outcome = driver.serve(source)
         source.flush()
         out, summary = write_records(outcome.requests, outcome.steps, cfg.output_dir,
-                                     time.perf_counter() - started, plots=False)
+                                     time.perf_counter() - started, plots=False, extra={"gc": pauses.summary()})
         shutdown = source.shutdown
         push.send_pyobj(ControlReply("shutdown", shutdown.req_id if shutdown else -1, True,
                                      {"dir": str(out), "summary": summary}, shutdown.worker if shutdown else 0))

@@ -23,7 +23,7 @@ TINY = ["model=tiny_mla_moe", "hardware=cpu", "real.device=cpu", "real.dtype=flo
         "print_summary=false", "workload.num_groups=3", "workload.prompts_per_group=4",
         "workload.system_prompt_len=48", "workload.question_len=16", "workload.output_len=12",
         "real.as_fast_as_possible=true"]
-REAL_ONLY_FIELDS = {"load_time_s", "warmup_s", "device", "step_prediction_error"}
+REAL_ONLY_FIELDS = {"load_time_s", "warmup_s", "device", "step_prediction_error", "gc"}
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="mode=real needs torch")
 MODES = [pytest.param("sim", sim_run, id="sim"), pytest.param("real", real_run, id="real", marks=needs_torch)]
 
