@@ -273,7 +273,7 @@ def _extend_timing_columns(runner, plan, repeats: int) -> dict:
     what a launch begun while the step ahead still runs leaves of the interval, at least)."""
     from runtime.profile.timing import device_alone_s, time_plan
     timing = time_plan(runner, plan, repeats)
-    return {**_timing_columns(timing), "device_alone_s": device_alone_s(runner, plan, repeats, timing.launch_host_s)}
+    return {**_timing_columns(timing), "device_alone_s": device_alone_s(runner, plan, timing)}
 
 
 def _timing_columns(timing) -> dict:

@@ -82,20 +82,21 @@ def time_plan(runner, plan: StepPlan, repeats: int) -> StepTiming:
     return StepTiming(tuple(durations), statistics.median(host_s[1:]), repeats)
 
 
-def device_alone_s(runner, plan: StepPlan, repeats: int, launch_host_s: float) -> float:
-    """Median device seconds of the step with its launch hidden: each launch is enqueued behind a sleep
-    kernel that outlasts it (twice the measured launch plus 5 ms) on every rank of the group, so the
-    step's interval -- its start event runs when the sleep ends -- holds its kernels only, where the
-    back-to-back interval of time_plan also holds any launch the device waited for. A launch that itself
-    waits for the device (a plan fence) still shows. CPU: time_plan's interval (no device to hide it)."""
+def device_alone_s(runner, plan: StepPlan, timing: StepTiming) -> float:
+    """Median device seconds of the step `timing` (time_plan's) timed back to back, now with its launch
+    hidden: each of as many launches is enqueued behind a sleep kernel that outlasts it (twice the measured
+    launch plus 5 ms) on every rank of the group, so the step's interval -- its start event runs when the
+    sleep ends -- holds its kernels only, where the back-to-back interval also holds any launch the device
+    waited for. A launch that itself waits for the device (a plan fence) still shows. CPU: `timing`'s
+    interval (no device to hide a launch behind)."""
     if runner.device.type != "cuda":
-        return time_plan(runner, plan, repeats).device_s
+        return timing.device_s
     from kernels.event_timing import sleep_cycles
 
-    cycles = sleep_cycles(2 * launch_host_s + 0.005)
+    cycles = sleep_cycles(2 * timing.launch_host_s + 0.005)
     tell = getattr(runner, "step_sender", None)
     samples = []
-    for _ in range(repeats):
+    for _ in range(timing.repeats):
         torch.cuda.synchronize(runner.device)
         if tell is not None:
             tell(SleepBeforeStep(cycles))
