@@ -68,6 +68,7 @@ def read_shapes(run_dir: Path) -> list[StepShape]:
 def run_real_workload(runner, overrides: list[str], out: Path) -> dict:
     """One workload through `runner` with a fresh scheduler; `overrides` include any --base ones."""
     from runtime.driver import RealDriver
+    from runtime.gc_pauses import GCPauses, serving_gc
 
     cfg = compose_config(["mode=real", "costmodel=profiled"] + overrides + QUIET)
     core = build_core(cfg)
@@ -78,14 +79,17 @@ def run_real_workload(runner, overrides: list[str], out: Path) -> dict:
         shapes.append(shape_row(plan.step_id, StepShape.from_plan(plan)))
         return predict(plan)
 
+    pauses = GCPauses(float(cfg.real.gc_warning_threshold_s))
+    driver = RealDriver(core.scheduler, runner, as_fast_as_possible=bool(cfg.real.as_fast_as_possible),
+                        progress=False, overlap=bool(cfg.overlap), predict=predict_and_keep)
+    specs = instantiate(cfg.workload).requests()
     started = time.perf_counter()
-    outcome = RealDriver(core.scheduler, runner, as_fast_as_possible=bool(cfg.real.as_fast_as_possible),
-                         progress=False, overlap=bool(cfg.overlap), predict=predict_and_keep).run(
-        instantiate(cfg.workload).requests())
+    with serving_gc(pauses, bool(cfg.real.freeze_gc)):      # as mode=real serves (runtime/app.py)
+        outcome = driver.run(specs)
     requests, steps = requests_frame(outcome.requests), steps_frame(outcome.steps)
     summary = summarize(requests, steps, mode="real", wall_time_s=time.perf_counter() - started)
     summary.update(kv_capacity_tokens=core.kv_capacity_tokens, step_prediction_error=step_prediction_error(steps),
-                   overrides=overrides)
+                   overrides=overrides, gc=pauses.summary())
     write_run(out, requests, steps, summary, plots=False)
     pd.DataFrame(shapes).to_parquet(out / "step_shapes.parquet", index=False)
     return summary
@@ -99,8 +103,8 @@ def run_real(out: Path, names: list[str], base: list[str]) -> None:
     print(f"runner: load {runner.load_time_s:.1f} s, warm-up {runner.warmup_s:.1f} s", flush=True)
     for name in names:
         s = run_real_workload(runner, base + ALL_WORKLOADS[name], out / name)
-        print(f"{name}: {s['num_finished']} req, {s['duration_s']:.1f} s, TTFT p50 {s['ttft_s']['p50']:.3f} s, "
-              f"TPOT mean {s['tpot_s']['mean']:.4f} s, step error {s['step_prediction_error']}", flush=True)
+        print(f"{name}: {s['num_finished']} req, {s['duration_s']:.1f} s, TTFT p50 {s['ttft_s']['p50']} s, "
+              f"TPOT mean {s['tpot_s']['mean']} s, step error {s['step_prediction_error']}, gc {s['gc']}", flush=True)
 
 
 def run_sims(out: Path, names: list[str], base: list[str]) -> None:

@@ -95,10 +95,15 @@ class SimDriver:
     in the next batch), and arrivals during a step are seen one step later. The next plan also waits
     for the step's launch to return (the cost model's launch_time_s), as the real loop plans only after
     `launch` returns: an eager 8k-token prefill keeps the host ~30 ms, and arrivals in that time make the
-    next plan. Decode-only steps are left out of that wait: their launches (one graph replay, or eager past
-    the graph limit) return before the step ahead of them ends, so it never binds, and coalesced decode
-    runs stay exact. A launch-bound step (cost model's launch_bound_s: the device waits for its launch)
-    whose launch began while the step ahead still ran ends that much earlier, up to its launch-bound part."""
+    next plan. A launch-bound step (cost model's launch_bound_s: the device waits for its launch)
+    whose launch began while the step ahead still ran ends that much earlier, up to its launch-bound part.
+    A step whose kernels reach the device only as its launch returns (a decode graph replay: the cost
+    model's device_waits_for_launch) computes no earlier than its launch time after its launch began, nor
+    than that long after the step ahead was launched on every rank (a launch-bound step, whose end its
+    launch set, is launched on every rank only then: the ranks launch in lockstep, and a tensor-parallel
+    follower receives each step from the leader). After a host-bound step the device is idle by then, and
+    the decode lasts its launch plus its kernels (tp=2 serving: 8.5 ms after a prefill, 5.1 ms otherwise).
+    Coalesced decode runs apply the same rules step by step, so their records equal stepping's."""
 
     def __init__(self, scheduler: Scheduler, executor: SimExecutor, fast_forward: bool = True,
                  max_run_steps: int = 1024, progress: bool = True, record_plans: bool = False,
@@ -172,7 +177,7 @@ class SimDriver:
         before it is slept through (each step but the last ends before the next arrival, so any
         arrival sees them as stepping would); returns the rest of `finished` and the last step's."""
         sched = self.scheduler
-        groups, durations, _ = self._run_costs(plan, num_steps, False, env.now, next_arrival)
+        groups, durations = self._run_costs(plan, num_steps, False, env.now, next_arrival)[:2]
         ends = np.cumsum(np.concatenate(([env.now], durations)))     # sequential sums, like stepping
         num_steps = len(durations)
         if next_arrival is not None:          # stop after the first step that ends at/after it
@@ -194,12 +199,12 @@ class SimDriver:
 
     def _run_costs(self, plan: StepPlan, num_steps: int, overlap: bool, start_s: float,
                    next_arrival: float | None):
-        """The run's batches (Scheduler.decode_run_batches) and each step's duration and host share,
-        for its first `num_steps` steps or fewer: priced up to three steps past the one whose end
-        (at least `start_s` plus the GPU time so far) reaches the next arrival, where runs are cut.
-        Only the batches of the priced steps are built and returned."""
+        """The run's batches (Scheduler.decode_run_batches) and each step's duration and, under overlap,
+        its host share, launch and launch lead (else None), for its first `num_steps` steps or fewer: priced
+        up to three steps past the one whose end (at least `start_s` plus the GPU time so far) reaches the
+        next arrival, where runs are cut. Only the batches of the priced steps are built and returned."""
         batches = self.scheduler.decode_run_batches(plan, num_steps, overlap)
-        groups, durations, hosts = [], [], []
+        groups, durations, hosts, launches, leads = [], [], [], [], []
         needed, until = num_steps, start_s
         group = next(batches)
         while group is not None and group.first_step < needed:
@@ -210,6 +215,9 @@ class SimDriver:
             groups.append(group)
             if overlap:
                 hosts.append(np.full(end - first, self.executor.decode_host_s(group.plan)))
+                launch_s, lead_s = self.executor.decode_launch_s(group.plan)
+                launches.append(np.full(end - first, launch_s))
+                leads.append(np.full(end - first, lead_s))
                 step_s = step_s - hosts[-1]
             if next_arrival is not None and needed == num_steps:
                 reach = np.cumsum(np.concatenate(([until], step_s)))[1:]   # a lower bound on the ends
@@ -219,7 +227,10 @@ class SimDriver:
                 until = float(reach[-1])
             group = following
         durations = (np.concatenate(durations) if len(durations) > 1 else durations[0])[:needed]
-        return groups, durations, (np.concatenate(hosts)[:needed] if overlap else None)
+        if not overlap:
+            return groups, durations, None, None, None
+        return (groups, durations, np.concatenate(hosts)[:needed], np.concatenate(launches)[:needed],
+                np.concatenate(leads)[:needed])
 
     @staticmethod
     def _running_after_each_step(plan: StepPlan, num_steps: int) -> list[int]:
@@ -258,6 +269,7 @@ class SimDriver:
         ended and its own host work (started when it was scheduled) is done."""
         sched = self.scheduler
         last: _InFlight | None = None
+        launched_by = 0.0       # when the latest step's launch had reached the device on every rank
 
         def finish_last():
             nonlocal last
@@ -296,7 +308,7 @@ class SimDriver:
                     num_steps = sched.decode_run_bound(plan, self.max_run_steps, t, overlap=True)
                 if num_steps >= 2:
                     next_arrival = source.next_arrival_s()
-                    run = self._overlap_run_times(plan, num_steps, t, prev_end, next_arrival)
+                    run = self._overlap_run_times(plan, num_steps, t, prev_end, launched_by, next_arrival)
                 if num_steps >= 2 and run is not None:
                     groups, starts, ends, resume_s, planned_s = run
                     k = len(ends)
@@ -312,17 +324,25 @@ class SimDriver:
                     ended = sched.pop_finished()       # all resolve before the next arrival (run_length)
                     done.extend(ended)
                     source.finished(ended)
+                    launched_by = resume_s              # the run's last launch returned by its next plan
                     yield env.timeout_until(resume_s)
                 else:
                     result = self.executor.execute(plan)
                     launch_begin = t + result.host_s
                     start = max(prev_end, launch_begin)
-                    end = start + result.duration_s - result.host_s       # (this order: decode runs sum the same way)
-                    if result.launch_bound_s > 0.0 and prev_end > launch_begin:   # the head start the launch had
-                        end -= min(prev_end - launch_begin, result.launch_bound_s)
+                    lead = result.launch_lead_s
+                    ready = max(prev_end, launch_begin + lead, launched_by + lead) if lead else start
+                    end = ready + result.duration_s - result.host_s       # (this order: decode runs sum the same way)
+                    head_start = prev_end - launch_begin
+                    launched_by = launch_begin + result.launch_s
+                    if result.launch_bound_s > 0.0:
+                        if head_start > 0.0:                             # the head start the launch had
+                            end -= min(head_start, result.launch_bound_s)
+                        if head_start < result.launch_bound_s:           # its launch set its end: every rank
+                            launched_by = max(launched_by, end)          # launched it only then
                     launched = _InFlight(plan, result, start, end)
                     yield from finish_last()
-                    if plan.mode is not ForwardMode.DECODE and env.now < launch_begin + result.launch_s:
+                    if env.now < launch_begin + result.launch_s:
                         yield env.timeout_until(launch_begin + result.launch_s)   # the launch returns
                     sched.advance(plan, env.now, result.next_token_ids)
                     last = launched
@@ -331,39 +351,48 @@ class SimDriver:
             source.finished(finished)
 
     def _overlap_run_times(self, plan: StepPlan, num_steps: int, sched_s: float, prev_end_s: float,
-                           next_arrival: float | None):
+                           launched_by_s: float, next_arrival: float | None):
         """Start and end of each step of a coalesced decode run under overlap, and the time the step
-        after the run is planned (the end of the run's second-to-last step). Step j of the run is
-        planned at sched[j] (sched[0] = sched_s, sched[1] = prev_end_s, then the end of step j-2) and
-        starts at max(end of step j-1, sched[j] + host). The run is cut so that no arrival falls at
-        or before any planning time inside it, and where Scheduler.decode_run_length allows (requests
-        may finish inside it: its batch shrinks at known steps). Returns (the run's batches, starts,
-        ends, resume time, planning times of steps 1..k-1), or None if fewer than two steps remain."""
-        groups, durations, hosts = self._run_costs(plan, num_steps, True, prev_end_s, next_arrival)
-        times = self._gpu_bound_run_times(durations, hosts, sched_s, prev_end_s, next_arrival)
+        after the run is planned. Step j of the run is planned at sched[j] (sched[0] = sched_s), its launch
+        begins at sched[j] + host[j]; it starts at max(end of step j-1, launch begin) and ends its device
+        time after max(end of step j-1, launch begin + launch lead); step j+1 is planned once step j-1 has
+        ended and step j's launch has returned (step -1: the step in flight when the run was planned, ending
+        at prev_end_s, its launch done on every rank at launched_by_s). The run is cut so that no arrival falls at or before any planning time inside it,
+        and where Scheduler.decode_run_length allows (requests may finish inside it: its batch shrinks at
+        known steps). Returns (the run's batches, starts, ends, the planning time of the step after the
+        run, planning times of steps 1..k-1), or None if fewer than two steps remain."""
+        groups, durations, hosts, launches, leads = self._run_costs(plan, num_steps, True, prev_end_s, next_arrival)
+        times = self._gpu_bound_run_times(durations, hosts, launches, leads, sched_s, prev_end_s, launched_by_s,
+                                          next_arrival)
         if times is not None:
             starts, ends, sched = times
         else:
-            starts, ends, sched = self._run_times_stepwise(durations.tolist(), hosts.tolist(), sched_s,
-                                                           prev_end_s, next_arrival)
+            starts, ends, sched = self._run_times_stepwise(durations.tolist(), hosts.tolist(), launches.tolist(),
+                                                           leads.tolist(), sched_s, prev_end_s, launched_by_s,
+                                                           next_arrival)
         k = self.scheduler.decode_run_length(len(ends), ends, next_arrival, overlap=True)
         if k < 2:
             return None
-        return groups, starts[:k], ends[:k], ends[k - 2], sched[1:k]
+        return groups, starts[:k], ends[:k], sched[k], sched[1:k]
 
     @staticmethod
-    def _gpu_bound_run_times(durations: np.ndarray, hosts: np.ndarray, sched_s: float, prev_end_s: float,
-                             next_arrival: float | None):
+    def _gpu_bound_run_times(durations: np.ndarray, hosts: np.ndarray, launches: np.ndarray, leads: np.ndarray,
+                             sched_s: float, prev_end_s: float, launched_by_s: float, next_arrival: float | None):
         """`_run_times_stepwise` at once when every step after the first starts when the one before
-        it ends (its host work, started at the end of the step before that, is done by then); the
-        ends are sequential sums in stepping's order, end = (start + duration) - host, so they are
-        the very floats stepping gives. None where a step would wait on the host."""
-        start0 = max(prev_end_s, sched_s + float(hosts[0]))
+        it ends and the step after it is planned then (its host work and launch, begun at the end of the
+        step before that, are done by then); the ends are sequential sums in stepping's order,
+        end = (ready + duration) - host, so they are the very floats stepping gives. None where a step
+        would wait on the host."""
+        launch0 = sched_s + float(hosts[0])
+        start0 = max(prev_end_s, launch0)
+        lead0 = float(leads[0])
+        ready0 = max(prev_end_s, launch0 + lead0, launched_by_s + lead0) if lead0 else start0
+        sched1 = max(prev_end_s, launch0 + float(launches[0]))
         terms = np.empty(2 * len(durations))                                        # [2k] d0, -h0, d1, -h1, ...
         terms[0::2], terms[1::2] = durations, -hosts
-        ends = np.cumsum(np.concatenate(([start0], terms)))[2::2]                   # [k]
-        planned = np.concatenate(([prev_end_s], ends[:-1]))                         # [k] planning of steps 1..k
-        if not (ends[:-1] >= planned[:-1] + hosts[1:]).all():                       # step j's start: max(end, planned + host)
+        ends = np.cumsum(np.concatenate(([ready0], terms)))[2::2]                   # [k]
+        planned = np.concatenate(([sched1], ends[:-1]))                             # [k] planning of steps 1..k
+        if not (ends[:-1] >= (planned[:-1] + hosts[1:]) + launches[1:]).all():      # step j's launch returned by then
             return None
         num = len(ends)
         if next_arrival is not None:            # step j (>= 1) whose planning would see the arrival: stop before it
@@ -372,21 +401,26 @@ class SimDriver:
                 num = int(seen[0]) + 1
         ends = ends[:num].tolist()
         starts = [start0] + ends[:-1]
-        return starts, ends, [sched_s, prev_end_s] + ends[:max(num - 2, 0)]
+        return starts, ends, [sched_s, sched1] + ends[:num - 1]
 
     @staticmethod
-    def _run_times_stepwise(durations: list[float], hosts: list[float], sched_s: float, prev_end_s: float,
-                            next_arrival: float | None):
-        """Start, end and planning time of each step of an overlap run, one step at a time (as stepping)."""
-        starts, ends, sched = [], [], [sched_s, prev_end_s]
+    def _run_times_stepwise(durations: list[float], hosts: list[float], launches: list[float], leads: list[float],
+                            sched_s: float, prev_end_s: float, launched_by_s: float, next_arrival: float | None):
+        """Start, end and planning time of each step of an overlap run, one step at a time (as stepping);
+        the planning times go one past the last step."""
+        starts, ends, sched = [], [], [sched_s]
         end = prev_end_s
         for j in range(len(hosts)):
-            if j >= 2:
-                sched.append(ends[j - 2])
             if next_arrival is not None and j >= 1 and sched[j] >= next_arrival:
                 break                       # step j's planning would see the arrival: stop before it
-            start = max(end, sched[j] + hosts[j])
-            end = start + durations[j] - hosts[j]
+            launch_begin = sched[j] + hosts[j]
+            before = ends[j - 1] if j >= 1 else prev_end_s       # the step ahead of step j
+            start = max(before, launch_begin)
+            lead = leads[j]
+            ready = max(before, launch_begin + lead, launched_by_s + lead) if lead else start
+            end = ready + durations[j] - hosts[j]
             starts.append(start)
             ends.append(end)
+            launched_by_s = launch_begin + launches[j]
+            sched.append(max(before, launched_by_s))
         return starts, ends, sched

@@ -86,6 +86,7 @@ class SimExecutor:
         self._streams: dict[str, list[int]] = {}
         self._int_objects = np.arange(vocab_size).astype(object)   # [V] one Python int per id, shared
         self._decode_hosts: dict[int, float] = {}                  # decode_host_s per batch size
+        self._decode_launches: dict[int, tuple[float, float]] = {}  # decode_launch_s per batch size
 
     def prepare_streams(self, specs: Sequence[RequestSpec]) -> None:
         """Generate the token streams of requests still to come in one pass (the same tokens)."""
@@ -111,8 +112,10 @@ class SimExecutor:
                 index = len(req.output_ids)
                 # past max_new_tokens: the step after the last one under overlap (its token is dropped)
                 tokens.append(stream[index] if index < len(stream) else 0)
+        launch_s = self.cost_model.launch_time_s(shape)
         return StepResult(next_token_ids=tokens, duration_s=duration_s,
-                          host_s=self.cost_model.host_time_s(shape), launch_s=self.cost_model.launch_time_s(shape),
+                          host_s=self.cost_model.host_time_s(shape), launch_s=launch_s,
+                          launch_lead_s=launch_s if self.cost_model.device_waits_for_launch(shape) else 0.0,
                           launch_bound_s=self.cost_model.launch_bound_s(shape))
 
     def clock_origin(self) -> None:
@@ -129,6 +132,18 @@ class SimExecutor:
         if host is None:
             host = self._decode_hosts[n] = self.cost_model.host_time_s(StepShape(num_decode_reqs=n, decode_context_tokens=n))
         return host
+
+    def decode_launch_s(self, plan: StepPlan) -> tuple[float, float]:
+        """(launch, launch lead) of each step of a decode run of `plan`'s batch: the host time of its
+        launch and the part of it before the device can begin (StepResult.launch_s, .launch_lead_s)."""
+        n = len(plan.items)
+        launch = self._decode_launches.get(n)
+        if launch is None:
+            shape = StepShape(num_decode_reqs=n, decode_context_tokens=n)
+            launch_s = self.cost_model.launch_time_s(shape)
+            launch = self._decode_launches[n] = (launch_s, launch_s if self.cost_model.device_waits_for_launch(shape)
+                                                 else 0.0)
+        return launch
 
     def decode_durations_s(self, plan: StepPlan, num_steps: int, context_tokens: int | None = None,
                            first_step: int = 0) -> np.ndarray:

@@ -80,6 +80,8 @@ class StepResult:
     host_s: float = 0.0        # of duration_s, the host's share (what overlap scheduling can hide)
     launch_s: float = 0.0      # host time of the step's launch, inside the device share: under overlap the
                                # host plans the next step once it has returned
+    launch_lead_s: float = 0.0    # of launch_s, the part before the device can begin the step (all of it for
+                                  # a CUDA-graph replay, enqueued as the launch returns; 0 for eager kernels)
     launch_bound_s: float = 0.0   # of the device share, time the device waits for the launch rather than
                                   # computes: a launch begun while the step ahead runs hides up to this much
     # per sampling item, for requests that asked: (logprob of its token, [(token id, logprob), ...] most

@@ -106,6 +106,14 @@ class CostModel(Protocol):
         the launch begins while the step ahead still runs, and that head start hides up to this much."""
         ...
 
+    def device_waits_for_launch(self, shape: StepShape) -> bool:
+        """True when the step's kernels reach the device only as its launch returns (a decode step that
+        replays one CUDA graph once the host has built its batch): the device part then begins no earlier
+        than launch_time_s after the launch began, which binds when the device is idle by then (after a
+        host-bound step). False where kernels are enqueued all along the launch (eager and piecewise steps,
+        whose launch-bound share launch_bound_s already prices)."""
+        ...
+
     def decode_times_s(self, num_reqs: int, context_tokens: np.ndarray, shared_tokens: int = 0) -> np.ndarray:
         """Durations of consecutive decode-only steps of one batch of `num_reqs` requests,
         where context_tokens[j] is the step-j sum of KV lengths, `shared_tokens` of them read by

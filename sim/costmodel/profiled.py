@@ -114,9 +114,17 @@ class ProfiledCostModel:
             cached = self._launch_cache[key] = self.launch.launch_s(*key)
         return cached
 
+    def device_waits_for_launch(self, shape: StepShape) -> bool:
+        """Decode-only steps that replay a captured graph (the batch within the graph limit)."""
+        return shape.is_decode_only and shape.num_decode_reqs <= self.graph_max_bs
+
     def launch_bound_s(self, shape: StepShape) -> float:
         """Steps with extends: the one-sequence table's back-to-back interval minus its device time alone
-        at the step's (tokens, equivalent prefix), at most the step's price. Decode-only steps: 0 (their
+        at the step's (tokens, equivalent prefix), at most the step's price, and at most what the step's
+        launch (launch_time_s, timed with the device idle) outlasts its device time alone: a step whose
+        kernels outlast its launch is device-bound, and the rest of its back-to-back excess is the launch
+        waiting on the device (eager steps' host syncs: 8k-token prefills at tp=1 take 34 ms to launch on
+        an idle device, 92 ms back to back), which no head start removes. Decode-only steps: 0 (their
         graph launches are shorter than their kernels)."""
         if self.launch_bound is None or shape.is_decode_only or not (shape.extend_new_tokens or shape.num_decode_reqs):
             return 0.0
@@ -128,7 +136,9 @@ class ProfiledCostModel:
             price = self._prefill_cache.get(key)             # the step's price, without counting it again
             if price is None:
                 price = self._prefill_cache[key] = self._prefill_s(shape)
-            cached = self._bound_cache[key] = min(max(bound, 0.0), price[0])
+            bound = min(max(bound, 0.0), price[0])
+            alone = price[0] - bound
+            cached = self._bound_cache[key] = min(bound, max(self.launch_time_s(shape) - alone, 0.0))
         return cached
 
     def decode_times_s(self, num_reqs: int, context_tokens: np.ndarray, shared_tokens: int = 0) -> np.ndarray:

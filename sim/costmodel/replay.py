@@ -31,6 +31,9 @@ class ReplayCostModel:
     def launch_bound_s(self, shape: StepShape) -> float:
         return 0.0      # the recorded durations are what the launches left
 
+    def device_waits_for_launch(self, shape: StepShape) -> bool:
+        return False    # the recorded durations already hold any wait for a launch
+
     def decode_times_s(self, num_reqs: int, context_tokens: np.ndarray, shared_tokens: int = 0) -> np.ndarray:
         return np.array([self.step_time_s(None) for _ in range(len(context_tokens))])  # type: ignore[arg-type]
 

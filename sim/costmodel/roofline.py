@@ -149,6 +149,10 @@ class RooflineCostModel:
     def launch_bound_s(self, shape: StepShape) -> float:
         return 0.0      # priced as launched back to back (what the fitted constants were fitted on)
 
+    def device_waits_for_launch(self, shape: StepShape) -> bool:
+        return (self.cuda_graph and shape.is_decode_only
+                and (self.cuda_graph_max_bs is None or shape.num_decode_reqs <= self.cuda_graph_max_bs))
+
     def decode_times_s(self, num_reqs: int, context_tokens: np.ndarray, shared_tokens: int = 0) -> np.ndarray:
         ctx = np.asarray(context_tokens, dtype=np.float64)
         return self._total_s((), (), int(num_reqs), ctx, shared_tokens)

@@ -229,19 +229,30 @@ def test_prefix_expansion_rate_is_fitted_on_the_multi_sequence_mha_points(tmp_pa
 def test_the_launch_bound_part_is_the_interval_back_to_back_minus_the_device_time_alone(tmp_path):
     """A profile with `device_alone_s` (each step timed again with its launch hidden behind a sleep kernel)
     gives steps with extends a launch-bound part: back-to-back interval minus device time alone, at the
-    step's tokens and equivalent prefix; decode-only steps none; a profile without the column none."""
+    step's tokens and equivalent prefix, at most what the launch (host table) outlasts the device time
+    alone; decode-only steps none; a profile without the column none."""
     import shutil
     shutil.copytree(SMALL, tmp_path / "profile")
     prefill = table("prefill")
     prefill["device_alone_s"] = np.where(prefill["new_tokens"] <= 64, 0.4, 1.0) * prefill["device_s"]
     prefill.to_csv(tmp_path / "profile" / "prefill.csv", index=False)
     core = build_core(compose_config(TINY))
-    model = ProfiledCostModel(core.model, core.hardware, core.layout, fallback=RooflineCostModel,
-                              profile=str(tmp_path / "profile"))
+
+    def model_with_launch(launch_s: float) -> ProfiledCostModel:
+        host = pd.read_csv(SMALL / "host.csv")
+        host.loc[host["kind"] != "decode", "launch_s"] = launch_s
+        host.to_csv(tmp_path / "profile" / "host.csv", index=False)
+        return ProfiledCostModel(core.model, core.hardware, core.layout, fallback=RooflineCostModel,
+                                 profile=str(tmp_path / "profile"))
     row = prefill[(prefill["num_seqs"] == 1) & (prefill["prefix_tokens"] == 0)].sort_values("new_tokens").iloc[0]
     shape = StepShape(extend_new_tokens=(int(row["new_tokens"]),), extend_prefix_tokens=(0,))
     assert int(row["new_tokens"]) <= 64
-    assert model.launch_bound_s(shape) == pytest.approx(0.6 * row["device_s"], rel=1e-9)
+    alone_s = 0.4 * row["device_s"]
+    assert model_with_launch(10 * row["device_s"]).launch_bound_s(shape) == pytest.approx(0.6 * row["device_s"], rel=1e-9)
+    partly = alone_s + 0.25 * row["device_s"]         # the launch outlasts the kernels by a quarter of the step
+    assert model_with_launch(partly).launch_bound_s(shape) == pytest.approx(0.25 * row["device_s"], rel=1e-6)
+    assert model_with_launch(0.5 * alone_s).launch_bound_s(shape) == 0.0     # device-bound: nothing to hide
+    model = model_with_launch(10 * row["device_s"])
     big = prefill[(prefill["num_seqs"] == 1) & (prefill["prefix_tokens"] == 0)]["new_tokens"].max()
     assert model.launch_bound_s(StepShape(extend_new_tokens=(int(big),), extend_prefix_tokens=(0,))) == 0.0
     assert model.launch_bound_s(StepShape(num_decode_reqs=4, decode_context_tokens=400)) == 0.0
