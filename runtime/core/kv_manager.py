@@ -70,7 +70,7 @@ class KVManager:
         assert not req.num_kv_slots and req.cache_node is None, f"{req.rid} already owns KV"
         self.cache.lock(match.node, now, req.priority)
         req.cache_node = match.node
-        req.kv_slots = match.slot_array
+        req.set_kv_slots_from(match.length, match.write_slots)
         req.kv_version += 1
         req.num_computed_tokens = match.length
         req.num_locked_prefix_tokens = match.length

@@ -7,7 +7,7 @@ from __future__ import annotations
 import enum
 from array import array
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -164,6 +164,16 @@ class Request:
         buf = np.empty(max(slots.size, self._expected_slots()), dtype=SLOT_DTYPE)
         buf[:slots.size] = slots
         self._slot_buf, self.num_kv_slots = buf, slots.size
+
+    def set_kv_slots_from(self, num_slots: int, write: Callable[[np.ndarray], None]) -> None:
+        """Replace every slot by `num_slots` slots that `write(out)` puts into out[:num_slots] (a
+        buffer of the request's own, as the `kv_slots` setter makes it, without an array in between)."""
+        if num_slots == 0:
+            self._slot_buf, self.num_kv_slots = _NO_SLOTS, 0
+            return
+        buf = np.empty(max(num_slots, self._expected_slots()), dtype=SLOT_DTYPE)
+        write(buf)
+        self._slot_buf, self.num_kv_slots = buf, num_slots
 
     def append_kv_slots(self, slots: Sequence[int]) -> None:
         """kv_slots += slots (amortised: the buffer doubles when full)."""

@@ -12,6 +12,7 @@ import numpy as np
 _VECTOR_MIN = 64   # below this many slots a Python loop beats numpy's call overhead
 SLOT_DTYPE = np.int32   # KV slot and page indices, from the allocator through the radix cache to the runtime
 _FEW_RUNS = 8      # up to this many runs of consecutive pages, a double-free check reads them as slices
+_FEW_PAGES = 4     # a free of up to this many pages is checked against the unsettled free pages by scans
 
 
 def _run_bounds(pages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -239,8 +240,18 @@ class KVSlotAllocator:
         if not self.check_double_free:
             self._push(np.array(pages, dtype=SLOT_DTYPE))
             return
-        self._settle()
         allocated = self._page_allocated
+        if len(pages) <= _FEW_PAGES and self._settled_bot > self._bot:
+            # checked without settling: each page reads allocated, is none of the free pages whose
+            # byte still reads 1, and is named once; pushed unsettled (they read 1 until settled)
+            unsettled = self._stack[self._bot:self._settled_bot]
+            if (len(set(pages)) < len(pages) or not all(allocated[page] for page in pages)
+                    or any((unsettled == page).any() for page in pages)):
+                self._settle()
+                self._raise_double_free(pages)
+            self._push(np.array(pages, dtype=SLOT_DTYPE))
+            return
+        self._settle()
         for i, page in enumerate(pages):
             if not allocated[page]:
                 for done in pages[:i]:  # roll back: the call frees all or nothing

@@ -51,6 +51,21 @@ class MatchResult:
         """`slot_array` as a list."""
         return self.slot_array.tolist()
 
+    def write_slots(self, out: np.ndarray) -> None:
+        """Write the matched slots into out[:length] (what `slot_array` holds, without making it),
+        node by node from the deepest back to the root."""
+        if "slot_array" in self.__dict__:
+            out[:self.length] = self.slot_array
+            return
+        if self.node.evicted:
+            raise ValueError(f"slots of an evicted match ({self.node}); read them right after matching")
+        end = self.length
+        node = self.node
+        while node.parent is not None:
+            begin = end - len(node.slots)
+            out[begin:end] = node.slots
+            node, end = node.parent, begin
+
 
 class RadixCache:
     """Prefix tree of token ids -> KV slots. The tree owns the slots of its nodes; they return to
