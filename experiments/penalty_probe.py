@@ -86,9 +86,9 @@ class ReferenceCheck:
                                      for it in plan.items if it.samples]
             return inputs
 
-        def checked_run(inputs):
+        def checked_run(inputs, poll=None):
             self._current = inputs
-            return run(inputs)
+            return run(inputs, poll=poll)
 
         def checked_apply(logits, pen, resolve):
             out = apply(logits, pen, resolve)

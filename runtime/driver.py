@@ -15,7 +15,7 @@ from runtime.core.batch import StepPlan, StepResult
 from runtime.core.records import StepLog
 from runtime.core.request import Request, RequestSpec
 from runtime.core.scheduler import Scheduler
-from runtime.executor import CallableExecutor, Executor, LaunchedStep, check_executor
+from runtime.executor import CallableExecutor, Executor, LaunchedStep, accepts_poll, check_executor
 from runtime.executor import FinishedStep  # noqa: F401  (the runner imports it from here)
 from runtime.request_source import ReplaySource, RequestSource
 from runtime.request_source import at_time_zero as all_at_once  # noqa: F401  (callers import it from here)
@@ -101,6 +101,15 @@ class RealDriver:
             return end
 
         last: _Launched | None = None
+
+        def complete_if_done() -> None:
+            """Called inside the next step's launch: the step ahead leaves as soon as the device is done."""
+            nonlocal last
+            if last is not None and last.step.done():
+                complete(last)
+                last = None
+
+        poll = {"poll": complete_if_done} if self.overlap and accepts_poll(self.executor) else {}
         while True:
             t = now()
             for req in source.poll(t):
@@ -110,7 +119,7 @@ class RealDriver:
             plan = sched.schedule(t)
             ended(sched.pop_finished(), t)
             if plan is not None:
-                launched = _Launched(plan, self.executor.launch(plan), t)
+                launched = _Launched(plan, self.executor.launch(plan, **poll), t)
                 if not self.overlap:
                     complete(launched)
                     continue

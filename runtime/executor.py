@@ -16,6 +16,10 @@ class LaunchedStep(Protocol):
 
     placeholder_ids: list[int]
 
+    def done(self) -> bool:
+        """Without blocking: has the step finished, so that wait() returns at once?"""
+        ...
+
     def wait(self) -> StepResult:
         """Block until the step's tokens are on the host."""
         ...
@@ -32,6 +36,9 @@ class Executor(Protocol):
     returns; `wait()` gives its tokens, `interval_s(origin)` its device times) or `execute(plan)`
     (launch and wait in one call; the simulator's driver, which reads `StepResult.duration_s`).
     Neither reads nor changes the scheduler: tokens come back in `plan.sampling_items` order.
+    An executor whose launch keeps the host long may also take `launch(plan, poll=callable)` and call
+    `poll()` at points of its launch (`accepts_poll` tells): the overlap driver completes the step ahead
+    there once that step is done, so its tokens leave without waiting for the rest of this launch.
     Implemented by runtime.engine.model_runner.ModelRunner, sim.executor.SimExecutor and
     CallableExecutor below; `check_executor` says what an object lacks."""
 
@@ -49,6 +56,14 @@ class Executor(Protocol):
 
 
 EXECUTOR_METHODS: tuple[str, ...] = ("clock_origin", "launch", "execute")
+
+
+def accepts_poll(executor: object) -> bool:
+    """Whether `executor.launch` takes a `poll` keyword (see Executor)."""
+    try:
+        return "poll" in inspect.signature(executor.launch).parameters
+    except (TypeError, ValueError, AttributeError):
+        return False
 _ARITY = {name: len(inspect.signature(getattr(Executor, name)).parameters) - 1 for name in EXECUTOR_METHODS}
 
 
@@ -90,6 +105,9 @@ class FinishedStep:
         self.result = result
         self.placeholder_ids = list(result.next_token_ids)
         self.start_s, self.end_s = start_s, end_s
+
+    def done(self) -> bool:
+        return True
 
     def wait(self) -> StepResult:
         return self.result

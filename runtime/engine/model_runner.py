@@ -130,11 +130,12 @@ class ModelRunner:
             torch.cuda.synchronize(self.device)
 
     @torch.no_grad()
-    def forward(self, fb: ForwardBatch, path: str = "auto") -> torch.Tensor:
+    def forward(self, fb: ForwardBatch, path: str = "auto", poll: Callable[[], None] | None = None) -> torch.Tensor:
         """Logits [B, V] (float32). path: auto (a decode graph when a decode batch fits a captured
         size, else piecewise graph pieces when the step's new tokens fit a captured count, else eager),
         eager (fast kernels, no graphs), reference (torch reference kernels). Without a fast path every
-        choice is the reference. A replay's logits may be a view that the next replay overwrites."""
+        choice is the reference. A replay's logits may be a view that the next replay overwrites.
+        `poll`: called on the host between the layers of a piecewise replay (see `launch`)."""
         if path not in ("auto", "eager", "reference"):
             raise ValueError(f"path {path!r}: expected auto, eager or reference")
         if path == "reference":
@@ -148,7 +149,7 @@ class ModelRunner:
         if path == "auto" and self.piecewise is not None:
             num_padded = self.piecewise.bucket(fb)
             if num_padded is not None:
-                return self.piecewise.replay(fb, num_padded)
+                return self.piecewise.replay(fb, num_padded, between_layers=poll)
         return self.model.compute_logits(self._eager_hidden_states(fb)[fb.logits_indices])
 
     def set_step_graph(self, bs: int | None) -> None:
@@ -264,7 +265,8 @@ class ModelRunner:
                           prompt_asks(plan) if asks or len(rows) < len(plan.items) else None, penalties)
 
     @torch.no_grad()
-    def run(self, inputs: StepInputs) -> tuple[torch.Tensor, SampledLogprobs | None]:
+    def run(self, inputs: StepInputs, poll: Callable[[], None] | None = None
+            ) -> tuple[torch.Tensor, SampledLogprobs | None]:
         """The device half: forward, sampling, sampled tokens into the future ring (where the next
         step's inputs read them). Returns the token ids [S] on the device, without waiting for them,
         and the log-probabilities of the rows that ask (None when none does).
@@ -279,7 +281,7 @@ class ModelRunner:
             logits = self.model.compute_logits(hidden[fb.logits_indices])    # [B, V]
             prompt = self.prompt_logprobs.step(inputs.prompt_asks, hidden, fb.extend_lens_cpu)
         else:
-            logits = self.forward(fb)                                          # [B, V]
+            logits = self.forward(fb, poll=poll)                               # [B, V]
         rows = inputs.sample_rows
         if not rows:
             return torch.empty(0, dtype=torch.long, device=self.device), None
@@ -300,11 +302,14 @@ class ModelRunner:
         return ids, logprobs
 
     @torch.no_grad()
-    def launch(self, plan: StepPlan):
+    def launch(self, plan: StepPlan, poll: Callable[[], None] | None = None):
         """Enqueue the step (inputs, forward, sampling, token copy to the host) without waiting for
         the device; sampled tokens also land in the future ring, where the next step's inputs read
         them. On CPU the step runs to completion here. A TP leader hands the step's inputs to its
-        peers (`step_sender`) before running it itself."""
+        peers (`step_sender`) before running it itself. `poll` (the overlap driver's): called on the
+        host once the batch is built and between the layers of a piecewise replay, where the driver
+        hands out the previous step's tokens as soon as the device has them instead of after this
+        launch (a piecewise prefill keeps the host 6-9 ms)."""
         from runtime.driver import FinishedStep
 
         host_start = time.perf_counter()
@@ -315,7 +320,9 @@ class ModelRunner:
         inputs = self.prepare(plan)
         if self.step_sender is not None:
             self.step_sender(inputs)
-        ids, logprobs = self.run(inputs)
+        if poll is not None and cuda:
+            poll()
+        ids, logprobs = self.run(inputs, poll=poll if cuda else None)
         placeholders = self.future.placeholders(inputs.ring)
         if not cuda:
             result = StepResult(next_token_ids=ids.tolist(), duration_s=time.perf_counter() - host_start,
@@ -373,6 +380,10 @@ class _CudaStep:
         self.placeholder_ids = placeholder_ids
         self._host_ids, self._start, self._end = host_ids, start, end
         self._host_logprobs = host_logprobs
+
+    def done(self) -> bool:
+        """True once the device has finished the step (its tokens are on the host): wait() returns at once."""
+        return self._end.query()
 
     def wait(self) -> StepResult:
         self._end.synchronize()

@@ -169,14 +169,19 @@ class PiecewiseGraphRunner:
         return self.model.compute_logits(self.hidden[:fb.num_tokens][fb.logits_indices])   # [B, V]
 
     @torch.no_grad()
-    def replay(self, fb: ForwardBatch, num_padded: int) -> torch.Tensor:
-        """Logits [B, V] float32 of step fb: pieces replayed, attention cores run on fb's T real tokens."""
+    def replay(self, fb: ForwardBatch, num_padded: int,
+               between_layers: Callable[[], None] | None = None) -> torch.Tensor:
+        """Logits [B, V] float32 of step fb: pieces replayed, attention cores run on fb's T real tokens.
+        `between_layers`: called on the host after each layer's launch (the driver hands out the step
+        ahead's tokens there once the device has finished it)."""
         ctx = self._prepare(fb, num_padded)
         pieces, cores = self.pieces[num_padded], self.cores[num_padded]
         self.num_replays += 1
         for piece, core in zip(pieces, cores):
             piece.replay()
             core.run(fb.num_tokens, ctx)
+            if between_layers is not None:
+                between_layers()
         pieces[-1].replay()
         return self._logits(fb)
 

@@ -41,7 +41,7 @@ def profiles(tmp_path_factory):
     for name in STEP_TABLES:
         path = base / "tp2" / f"{name}.csv"
         frame = pd.read_csv(path)
-        for column in ("device_s", "device_min_s", "host_s", "schedule_s", "launch_s", "commit_s"):
+        for column in ("device_s", "device_min_s", "device_alone_s", "host_s", "schedule_s", "launch_s", "commit_s"):
             if column in frame:
                 frame[column] *= SCALE
         frame.to_csv(path, index=False)
