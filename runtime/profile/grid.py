@@ -42,7 +42,7 @@ GRIDS = {
                   host_decode_batches=(1, 4), host_prefill=((1, 16), (2, 16)), op_tokens=(1, 16),
                   repeats=2, host_steps=2, shared_batches=(4,), shared_groups=(1, 2, 4), shared_prefixes=(32,),
                   shared_private=(8,)),
-    "quick": Grid(decode_batches=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
+    "quick": Grid(decode_batches=(1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024),
                   decode_contexts=(128, 1024, 4096, 16384, 65536),
                   eager_batches=(1, 8, 64, 256, 1024), eager_contexts=(128, 1024, 4096),
                   prefill_tokens=(16, 64, 256, 512, 1024, 2048, 4096, 8192),
