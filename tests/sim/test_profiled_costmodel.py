@@ -258,3 +258,13 @@ def test_the_launch_bound_part_is_the_interval_back_to_back_minus_the_device_tim
     assert model.launch_bound_s(StepShape(num_decode_reqs=4, decode_context_tokens=400)) == 0.0
     assert model.num_priced == 0                     # asking for the bound prices nothing twice
     assert small_model().launch_bound_s(shape) == 0.0   # no device_alone_s column
+
+
+def test_only_decodes_within_the_graph_limit_wait_for_their_launch():
+    """device_waits_for_launch follows the decode tables' choice: graph up to cuda_graph_max_bs, eager past it."""
+    from sim.costmodel.replay import ReplayCostModel
+    graphs_to_4 = small_model(cuda_graph_max_bs=4)
+    decode = lambda n: StepShape(num_decode_reqs=n, decode_context_tokens=64 * n)      # noqa: E731
+    assert graphs_to_4.device_waits_for_launch(decode(4)) and not graphs_to_4.device_waits_for_launch(decode(5))
+    assert not graphs_to_4.device_waits_for_launch(StepShape(extend_new_tokens=(16,), extend_prefix_tokens=(0,)))
+    assert not ReplayCostModel([0.1]).device_waits_for_launch(decode(1))     # recorded durations hold the wait

@@ -87,3 +87,15 @@ def test_launch_time_is_the_host_side_of_each_launch_kind() -> None:
         parts = model.breakdown_s(shape)
         gpu = model.step_time_s(shape) - parts["launch"] - parts["cpu_overhead"]
         assert parts["launch"] == pytest.approx(max(floor, model.launch_time_s(shape) - gpu))
+
+
+def test_only_a_replayed_decode_graph_waits_for_its_launch() -> None:
+    """device_waits_for_launch: decode-only steps within the graph limit (one replay enqueued as the launch
+    returns); eager decodes past it, extends and a model without graphs enqueue kernels all along."""
+    from tests.sim.test_roofline import decode
+
+    model = cost_model(cuda_graph_max_bs=256, piecewise_max_tokens=2048)
+    assert model.device_waits_for_launch(decode(1)) and model.device_waits_for_launch(decode(256))
+    assert not model.device_waits_for_launch(decode(257))
+    assert not model.device_waits_for_launch(prefill(64)) and not model.device_waits_for_launch(prefill(4096))
+    assert not cost_model(cuda_graph=False).device_waits_for_launch(decode(8))
