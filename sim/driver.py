@@ -357,9 +357,9 @@ class SimDriver:
         begins at sched[j] + host[j]; it starts at max(end of step j-1, launch begin) and ends its device
         time after max(end of step j-1, launch begin + launch lead); step j+1 is planned once step j-1 has
         ended and step j's launch has returned (step -1: the step in flight when the run was planned, ending
-        at prev_end_s, its launch done on every rank at launched_by_s). The run is cut so that no arrival falls at or before any planning time inside it,
-        and where Scheduler.decode_run_length allows (requests may finish inside it: its batch shrinks at
-        known steps). Returns (the run's batches, starts, ends, the planning time of the step after the
+        at prev_end_s, its launch done on every rank at launched_by_s). The run is cut so that no arrival
+        falls at or before any planning time inside it, and where Scheduler.decode_run_length allows
+        (requests may finish inside it: its batch shrinks at known steps). Returns (the run's batches, starts, ends, the planning time of the step after the
         run, planning times of steps 1..k-1), or None if fewer than two steps remain."""
         groups, durations, hosts, launches, leads = self._run_costs(plan, num_steps, True, prev_end_s, next_arrival)
         times = self._gpu_bound_run_times(durations, hosts, launches, leads, sched_s, prev_end_s, launched_by_s,
