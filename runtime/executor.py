@@ -56,6 +56,7 @@ class Executor(Protocol):
 
 
 EXECUTOR_METHODS: tuple[str, ...] = ("clock_origin", "launch", "execute")
+_ARITY = {name: len(inspect.signature(getattr(Executor, name)).parameters) - 1 for name in EXECUTOR_METHODS}
 
 
 def accepts_poll(executor: object) -> bool:
@@ -64,7 +65,6 @@ def accepts_poll(executor: object) -> bool:
         return "poll" in inspect.signature(executor.launch).parameters
     except (TypeError, ValueError, AttributeError):
         return False
-_ARITY = {name: len(inspect.signature(getattr(Executor, name)).parameters) - 1 for name in EXECUTOR_METHODS}
 
 
 def missing_executor_methods(obj: object) -> list[str]:

@@ -112,11 +112,16 @@ class SimExecutor:
                 index = len(req.output_ids)
                 # past max_new_tokens: the step after the last one under overlap (its token is dropped)
                 tokens.append(stream[index] if index < len(stream) else 0)
-        launch_s = self.cost_model.launch_time_s(shape)
+        launch_s, lead_s = self._launch_and_lead(shape)
         return StepResult(next_token_ids=tokens, duration_s=duration_s,
-                          host_s=self.cost_model.host_time_s(shape), launch_s=launch_s,
-                          launch_lead_s=launch_s if self.cost_model.device_waits_for_launch(shape) else 0.0,
+                          host_s=self.cost_model.host_time_s(shape), launch_s=launch_s, launch_lead_s=lead_s,
                           launch_bound_s=self.cost_model.launch_bound_s(shape))
+
+    def _launch_and_lead(self, shape: StepShape) -> tuple[float, float]:
+        """The step's launch host time and, of it, the part before the device can begin: all of it where
+        the kernels reach the device only as the launch returns (a decode graph replay), else none."""
+        launch_s = self.cost_model.launch_time_s(shape)
+        return launch_s, launch_s if self.cost_model.device_waits_for_launch(shape) else 0.0
 
     def clock_origin(self) -> None:
         """None: a simulated step has no device times; the driver's clock places it."""
@@ -139,10 +144,7 @@ class SimExecutor:
         n = len(plan.items)
         launch = self._decode_launches.get(n)
         if launch is None:
-            shape = StepShape(num_decode_reqs=n, decode_context_tokens=n)
-            launch_s = self.cost_model.launch_time_s(shape)
-            launch = self._decode_launches[n] = (launch_s, launch_s if self.cost_model.device_waits_for_launch(shape)
-                                                 else 0.0)
+            launch = self._decode_launches[n] = self._launch_and_lead(StepShape(num_decode_reqs=n, decode_context_tokens=n))
         return launch
 
     def decode_durations_s(self, plan: StepPlan, num_steps: int, context_tokens: int | None = None,

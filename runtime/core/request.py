@@ -158,16 +158,14 @@ class Request:
     def kv_slots(self, slots: Sequence[int]) -> None:
         """Replace every slot (copied into a buffer of the request's own)."""
         slots = np.asarray(slots, dtype=SLOT_DTYPE)
-        if slots.size == 0:
-            self._slot_buf, self.num_kv_slots = _NO_SLOTS, 0
-            return
-        buf = np.empty(max(slots.size, self._expected_slots()), dtype=SLOT_DTYPE)
-        buf[:slots.size] = slots
-        self._slot_buf, self.num_kv_slots = buf, slots.size
+
+        def write(out: np.ndarray) -> None:
+            out[:slots.size] = slots
+        self.set_kv_slots_from(slots.size, write)
 
     def set_kv_slots_from(self, num_slots: int, write: Callable[[np.ndarray], None]) -> None:
-        """Replace every slot by `num_slots` slots that `write(out)` puts into out[:num_slots] (a
-        buffer of the request's own, as the `kv_slots` setter makes it, without an array in between)."""
+        """Replace every slot by `num_slots` slots that `write(out)` puts into out[:num_slots], a buffer of
+        the request's own with room for its expected slots (no array in between)."""
         if num_slots == 0:
             self._slot_buf, self.num_kv_slots = _NO_SLOTS, 0
             return
