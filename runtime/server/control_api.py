@@ -3,6 +3,7 @@ GET|POST /flush_cache, POST /dump_records, GET /metrics (Prometheus text format)
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import uuid
 
 from fastapi import APIRouter, Request
@@ -15,6 +16,16 @@ from runtime.server.protocol import GenerateInput
 
 router = APIRouter()
 HEALTH_GENERATE_TIMEOUT_S = 20.0
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("twinserve")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+VERSION = _version()
 
 
 @router.get("/health")
@@ -52,8 +63,9 @@ async def model_info(http: Request):
 async def server_info(http: Request):
     s = http.app.state
     reply = await s.manager.control("server_info")
-    return JSONResponse({**s.server_args, "served_model_name": s.model_name,
-                         "max_context_tokens": s.limits.max_context_tokens, "scheduler": reply.payload,
+    return JSONResponse({**s.server_args, "served_model_name": s.model_name, "version": VERSION,
+                         "max_context_tokens": s.limits.max_context_tokens,
+                         "max_total_num_tokens": s.limits.kv_capacity_tokens, "scheduler": reply.payload,
                          "num_http_requests_in_flight": len(s.manager.states)})
 
 

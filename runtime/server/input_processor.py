@@ -35,7 +35,9 @@ class InputProcessor:
     def prompt_ids(self, gi: GenerateInput) -> list[int]:
         if gi.messages is not None:
             try:
-                text = self.tokenizer.apply_chat_template(gi.messages, add_generation_prompt=True)
+                text = self.tokenizer.apply_chat_template(
+                    gi.messages, add_generation_prompt=not gi.continue_final_message,
+                    continue_final_message=gi.continue_final_message)
             except Exception as err:                       # a template may refuse (e.g. role order)
                 raise APIError(f"chat template: {err}", param="messages") from err
             ids = self.tokenizer.encode(text, add_special_tokens=False)   # templates spell out BOS
@@ -55,9 +57,9 @@ class InputProcessor:
         ids = self.prompt_ids(gi)
         context, num_prompt = self.limits.max_context_tokens, len(ids)
         if num_prompt >= context:
-            raise APIError(f"the prompt has {num_prompt} tokens; this model's context is {context} tokens "
-                           "(prompt + completion)", param="messages" if gi.messages is not None else "prompt",
-                           code="context_length_exceeded")
+            raise APIError(f"The input ({num_prompt} tokens) is longer than the model's context length "
+                           f"({context} tokens, prompt + completion)",
+                           param="messages" if gi.messages is not None else "prompt", code="context_length_exceeded")
         if num_prompt + 1 > self.limits.kv_capacity_tokens:
             raise APIError(f"the prompt has {num_prompt} tokens; the KV cache holds "
                            f"{self.limits.kv_capacity_tokens}", param="prompt", code="context_length_exceeded")
@@ -71,6 +73,9 @@ class InputProcessor:
             max_new = context - num_prompt
         elif max_new < 1:
             raise APIError(f"max_tokens={max_new}: must be >= 1", param="max_tokens")
+        elif max_new >= context:
+            raise APIError(f"max_completion_tokens is too large: {max_new}; this model's context is {context} tokens "
+                           "(prompt + completion)", param="max_tokens", code="context_length_exceeded")
         elif num_prompt + max_new > context:
             raise APIError(f"this model's context is {context} tokens; the request asks for {num_prompt + max_new} "
                            f"({num_prompt} in the prompt, {max_new} to generate)", param="max_tokens",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Union
 
@@ -13,11 +13,11 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
 from runtime.server.errors import APIError, from_validation_error
-from runtime.server.ipc import PositionLogprobs
+from runtime.server.ipc import Finish, PositionLogprobs
 from runtime.server.logprob_format import CompletionLogprobs, chat_logprobs
 from runtime.server.outputs import (
-    OPENAI_FINISH, TEXT_SLOT, collect_outputs, gather, gather_logprobs, prompt_logprobs, sse, sse_with_text,
-    merge_streams, stream_outputs, total_usage,
+    OPENAI_FINISH, TEXT_SLOT, collect_outputs, gather, gather_logprobs, merge_streams, prompt_logprobs, running_usage,
+    sse, sse_with_text, stream_outputs, total_usage,
 )
 from runtime.server.protocol import ChatCompletionRequest, CompletionRequest
 from runtime.server.tokenizer_manager import ReqState, TokenizerManager
@@ -32,10 +32,12 @@ async def parse(http: Request, model: type[BaseModel]) -> BaseModel:
         raise from_validation_error(err) from None
 
 
-def check_model(http: Request, name: str) -> None:
+def check_model(http: Request, name: str, status: int = 404) -> None:
+    """404 where the model is the resource (GET /v1/models/{model}); a generation request naming
+    another model is a 400, as SGLang answers it."""
     served = http.app.state.model_name
     if name != served:
-        raise APIError(f"the model {name!r} does not exist; this server serves {served!r}", status=404,
+        raise APIError(f"The model `{name}` does not exist. The served model name is `{served}`.", status=status,
                        param="model", code="model_not_found")
 
 
@@ -56,20 +58,46 @@ async def retrieve_model(http: Request, model: str) -> dict:
     return model_card(http)
 
 
-def choice(payload: dict, logprobs: dict | None, finish_reason: str | None, index: int = 0) -> dict:
-    """One choice of a response or stream chunk, either API."""
-    return {"index": index, **payload, "logprobs": logprobs, "finish_reason": finish_reason}
+def choice(payload: dict, logprobs: dict | None, finish: Finish | None, index: int = 0) -> dict:
+    """One choice of a response or stream chunk, either API; once finished, SGLang's `matched_stop`
+    too (the stop string or token id that ended it, None for any other finish)."""
+    if finish is None:
+        return {"index": index, **payload, "logprobs": logprobs, "finish_reason": None}
+    matched = finish.matched if finish.reason == "stop" else None
+    return {"index": index, **payload, "logprobs": logprobs, "finish_reason": OPENAI_FINISH[finish.reason],
+            "matched_stop": matched}
 
 
-class _ChatFormat:
+class _Chunks:
+    """Stream chunks of one choice: with `continuous_usage_stats` each carries the usage so far."""
+
+    def __init__(self, req: Union[ChatCompletionRequest, CompletionRequest], index: int) -> None:
+        self.index = index                     # of the choice (prompt index * n + j)
+        self.continuous_usage = req.continuous_usage()
+        self.num_completion_tokens = 0
+
+    def event(self, state: ReqState, body: dict) -> str:
+        if self.continuous_usage:
+            body = {**body, "usage": running_usage(state.num_prompt_tokens, self.num_completion_tokens)}
+        return sse(body)
+
+    def text_event(self, state: ReqState, make: Callable[[str], dict]) -> Callable[[str], str]:
+        """An event maker for the chunk `make(text)`; without usage the JSON around the text is
+        serialized once per request, not once per token."""
+        if not self.continuous_usage:
+            return sse_with_text(make(TEXT_SLOT))
+        return lambda text: self.event(state, make(text))
+
+
+class _ChatFormat(_Chunks):
     """What a chat completion has of its own: names, the choice's payload, the log-probabilities'
     shape and the stream's chunks (a role chunk first, the finish in a chunk of its own)."""
 
     endpoint, id_prefix, object, chunk_object = "chat", "chatcmpl", "chat.completion", "chat.completion.chunk"
 
     def __init__(self, req: ChatCompletionRequest, index: int = 0) -> None:
+        super().__init__(req, index)
         self.wants_logprobs = req.logprobs
-        self.index = index                     # of the choice (prompt index * n + j)
 
     def payload(self, text: str) -> dict:
         return {"message": {"role": "assistant", "content": text}}
@@ -78,21 +106,22 @@ class _ChatFormat:
         return chat_logprobs(positions) if self.wants_logprobs else None
 
     async def stream(self, manager: TokenizerManager, state: ReqState, head: dict) -> AsyncIterator[str]:
-        chunk = lambda delta, logprobs=None, finish=None: sse(   # noqa: E731
-            {**head, "choices": [choice({"delta": delta}, logprobs, finish, self.index)]})
-        content = sse_with_text({**head, "choices": [choice({"delta": {"content": TEXT_SLOT}}, None, None,
-                                                            self.index)]})
+        chunk = lambda delta, logprobs=None, finish=None: self.event(state, {   # noqa: E731
+            **head, "choices": [choice({"delta": delta}, logprobs, finish, self.index)]})
+        content = self.text_event(state, lambda text: {
+            **head, "choices": [choice({"delta": {"content": text}}, None, None, self.index)]})
         yield chunk({"role": "assistant", "content": ""})
         async for batch in stream_outputs(manager, state):
             text, ids = gather(batch)
+            self.num_completion_tokens += len(ids)
             if self.wants_logprobs and ids:
                 yield chunk({"content": text}, self.logprobs(gather_logprobs(batch)))
             elif text or ids:              # a chunk per delivery, even when its tokens decode to ""
                 yield content(text)
-        yield chunk({}, finish=OPENAI_FINISH[state.finish.reason])
+        yield chunk({}, finish=state.finish)
 
 
-class _CompletionFormat:
+class _CompletionFormat(_Chunks):
     """A text completion's: its stream carries the finish in the last text chunk. With `echo` the
     prompt's text comes first (in a stream: in the first chunk) and, with logprobs, its tokens' entries
     (the first one's None), as OpenAI's legacy API returns them."""
@@ -100,7 +129,7 @@ class _CompletionFormat:
     endpoint, id_prefix, object, chunk_object = "completions", "cmpl", "text_completion", "text_completion"
 
     def __init__(self, req: CompletionRequest, index: int = 0) -> None:
-        self.index = index                     # of the choice (prompt index * n + j)
+        super().__init__(req, index)
         self.blocks = CompletionLogprobs() if req.logprobs is not None else None   # text offsets span chunks
         self.echo = req.echo
         self.prompt_text = ""                  # set with echo, once the prompt is tokenized
@@ -114,17 +143,19 @@ class _CompletionFormat:
         return self.blocks.block((prompt or []) + positions if self.echo else positions)
 
     async def stream(self, manager: TokenizerManager, state: ReqState, head: dict) -> AsyncIterator[str]:
-        piece = sse_with_text({**head, "choices": [choice({"text": TEXT_SLOT}, None, None, self.index)]})
+        piece = self.text_event(state, lambda text: {**head, "choices": [choice({"text": text}, None, None,
+                                                                                self.index)]})
         echo = self.echo                       # the prompt still to send, ahead of the first output
         async for batch in stream_outputs(manager, state):
             text, ids = gather(batch)
-            finish = OPENAI_FINISH[state.finish.reason] if batch[-1].finish is not None else None
+            self.num_completion_tokens += len(ids)
+            finish = state.finish if batch[-1].finish is not None else None
             prompt = prompt_logprobs(batch) if echo else None
             if echo:
                 text, echo = self.prompt_text + text, False
             if finish is not None or (self.blocks is not None and (ids or prompt)):
-                yield sse({**head, "choices": [choice({"text": text}, self.logprobs(gather_logprobs(batch), prompt),
-                                                      finish, self.index)]})
+                yield self.event(state, {**head, "choices": [choice(
+                    {"text": text}, self.logprobs(gather_logprobs(batch), prompt), finish, self.index)]})
             elif text or ids:
                 yield piece(text)
 
@@ -147,7 +178,7 @@ Format = Union[_ChatFormat, _CompletionFormat]
 async def _respond(http: Request, req: Union[ChatCompletionRequest, CompletionRequest], make_format: type):
     """Validate, submit one request per choice (prompts x n), then answer whole or as a stream of chunks
     (+ usage) ending with [DONE]. A choice refused at submission withdraws the ones already sent."""
-    check_model(http, req.model)
+    check_model(http, req.model, status=400)
     inputs = req.generate_inputs()
     manager: TokenizerManager = http.app.state.manager
     formats: list[Format] = [make_format(req, index) for index in range(len(inputs))]
@@ -165,7 +196,7 @@ async def _respond(http: Request, req: Union[ChatCompletionRequest, CompletionRe
     for fmt, state, outs in zip(formats, states, outs_per_choice):
         text, _ = gather(outs)
         choices.append(choice(fmt.payload(text), fmt.logprobs(gather_logprobs(outs), prompt_logprobs(outs)),
-                              OPENAI_FINISH[state.finish.reason], fmt.index))
+                              state.finish, fmt.index))
     return JSONResponse({**head, "object": formats[0].object, "choices": choices,
                          "usage": total_usage([s.finish for s in states], req.n)})
 

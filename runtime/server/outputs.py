@@ -85,6 +85,12 @@ def total_usage(finishes: list[Finish], n: int) -> dict:
             "prompt_tokens_details": {"cached_tokens": sum(f.cached_tokens for f in prompts)}}
 
 
+def running_usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    """One choice's usage so far (a streamed chunk's, with continuous usage stats)."""
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
 async def merge_streams(streams: list[AsyncIterator[str]]) -> AsyncIterator[str]:
     """The items of several async iterators as each comes; closing this closes them all (a choice's
     stream closing early aborts its request)."""

@@ -18,6 +18,11 @@ from runtime.server.errors import APIError
 MAX_COMPLETION_LOGPROBS = 5      # the legacy completions API's limit
 MAX_CHOICES = 128                # prompts x n of one request
 PENALTIES = ("frequency_penalty", "presence_penalty", "repetition_penalty")
+# SGLang extensions this server lacks (constrained decoding, custom logit processors, hidden states):
+# accepted when absent or null (False for flags), a 400 naming them otherwise
+UNSUPPORTED_EXTENSIONS = {"regex": None, "ebnf": None, "json_schema": None, "structural_tag": None,
+                          "stop_regex": None, "custom_logit_processor": None, "custom_params": None,
+                          "return_hidden_states": False}
 
 
 def expand_choices(prompts: list["GenerateInput"], n: int, rid: "str | list[str] | None") -> list["GenerateInput"]:
@@ -78,6 +83,7 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    continuous_usage_stats: bool = False         # vLLM / SGLang: usage so far in every chunk
 
 
 class _OpenAISampling(_Strict):
@@ -110,7 +116,7 @@ class _OpenAISampling(_Strict):
         if self.stream_options is not None and not self.stream:
             raise APIError("stream_options is only allowed with stream=true", param="stream_options")
         self._reject_unsupported({"tools": [], "functions": [], "best_of": 1, "suffix": "",
-                                  "response_format": ({"type": "text"},)})
+                                  "response_format": ({"type": "text"},), **UNSUPPORTED_EXTENSIONS})
 
     def sampling(self, max_tokens: Optional[int]) -> dict:
         out: dict[str, Any] = {"max_new_tokens": max_tokens, "ignore_eos": self.ignore_eos}
@@ -137,6 +143,10 @@ class _OpenAISampling(_Strict):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    def continuous_usage(self) -> bool:
+        """Every streamed chunk carries the usage so far."""
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
+
 
 class TextPart(_Strict):
     type: Literal["text"]
@@ -158,6 +168,7 @@ class ChatCompletionRequest(_OpenAISampling):
     max_completion_tokens: Optional[int] = None
     logprobs: bool = False
     top_logprobs: Optional[int] = None
+    continue_final_message: bool = False         # SGLang / vLLM: the reply continues the last (assistant) message
 
     def generate_inputs(self) -> list["GenerateInput"]:
         """One request per choice (n)."""
@@ -173,8 +184,11 @@ class ChatCompletionRequest(_OpenAISampling):
             if not self.logprobs:
                 raise APIError("top_logprobs needs logprobs=true", param="top_logprobs")
             _check_top_count(self.top_logprobs, MAX_TOP_LOGPROBS, "top_logprobs")
+        if self.continue_final_message and self.messages[-1].role != "assistant":
+            raise APIError("continue_final_message needs an assistant message last", param="continue_final_message")
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
         return GenerateInput(messages=[{"role": m.role, "content": m.text()} for m in self.messages],
+                             continue_final_message=self.continue_final_message,
                              sampling=self.sampling(max_tokens), stop_strs=self.stop_strs(), stream=self.stream,
                              rid=self.rid, skip_special_tokens=self.skip_special_tokens, no_stop_trim=self.no_stop_trim,
                              top_logprobs_num=(self.top_logprobs or 0) if self.logprobs else None)
@@ -268,7 +282,8 @@ class GenerateRequest(_Strict):
         """One request per prompt and sample (prompt-major)."""
         if (self.text is None) == (self.input_ids is None):
             raise APIError("give exactly one of text or input_ids", param="text")
-        self._reject_unsupported({"token_ids_logprob": None})
+        self._reject_unsupported({"token_ids_logprob": None, "custom_logit_processor": None,
+                                  "return_hidden_states": False})
         prompts, _ = self._prompts()
         if not prompts:
             raise APIError("an empty batch of prompts", param="text" if self.text is not None else "input_ids")
@@ -288,6 +303,9 @@ class GenerateRequest(_Strict):
             if getattr(sp, key):
                 raise APIError(f"sampling_params.{key} is not supported by this server", param=f"sampling_params.{key}",
                                code="unsupported")
+        if sp.max_new_tokens is not None and sp.max_new_tokens < 1:
+            raise APIError(f"sampling_params.max_new_tokens={sp.max_new_tokens}: must be >= 1 (scoring a prompt "
+                           "without generating is not supported)", param="sampling_params.max_new_tokens")
         sampling: dict[str, Any] = {"max_new_tokens": sp.max_new_tokens, "ignore_eos": sp.ignore_eos}
         for key in ("temperature", "top_p", "top_k", "min_p", "min_new_tokens", *PENALTIES):
             if getattr(sp, key) is not None:
@@ -348,6 +366,7 @@ class GenerateInput:
     text: Optional[str] = None
     input_ids: Optional[list[int]] = None
     messages: Optional[list[dict]] = None
+    continue_final_message: bool = False       # chat: render the last message open, without a generation prompt
     sampling: dict = field(default_factory=dict)
     stop_strs: tuple[str, ...] = ()
     stream: bool = False

@@ -30,15 +30,23 @@ class Tokenizer(Protocol):
         """The bytes one token stands for (log-probability entries report them)."""
         ...
     def apply_chat_template(
-        self, messages: Sequence[Message], add_generation_prompt: bool = True
-    ) -> str: ...
+        self, messages: Sequence[Message], add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+    ) -> str:
+        """`continue_final_message`: the last message left open (no end marker) for the model to
+        continue, instead of a generation prompt."""
+        ...
 
 
-def default_chat_template(messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
+def default_chat_template(messages: Sequence[Message], add_generation_prompt: bool = True,
+                          continue_final_message: bool = False) -> str:
     """The documented default chat template (the byte tokenizer's, and that of a Hugging Face
     tokenizer without one): each message as "<|role|>\\ncontent\\n", then "<|assistant|>\\n" when
-    add_generation_prompt. E.g. [{"role": "user", "content": "hi"}] -> "<|user|>\\nhi\\n<|assistant|>\\n"."""
+    add_generation_prompt. E.g. [{"role": "user", "content": "hi"}] -> "<|user|>\\nhi\\n<|assistant|>\\n".
+    With continue_final_message the last message has no closing newline and nothing follows it."""
     text = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages)
+    if continue_final_message and messages:
+        return text[:-1]
     return text + ("<|assistant|>\n" if add_generation_prompt else "")
 
 
@@ -104,9 +112,10 @@ class ByteTokenizer:
         return self.SPECIAL_TEXT.get(token_id, "").encode("utf-8")
 
     def apply_chat_template(
-        self, messages: Sequence[Message], add_generation_prompt: bool = True
+        self, messages: Sequence[Message], add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
     ) -> str:
-        return default_chat_template(messages, add_generation_prompt)
+        return default_chat_template(messages, add_generation_prompt, continue_final_message)
 
 
 class HFTokenizer:
@@ -142,13 +151,15 @@ class HFTokenizer:
         return self.decode([token_id], skip_special_tokens=False).encode("utf-8")
 
     def apply_chat_template(
-        self, messages: Sequence[Message], add_generation_prompt: bool = True
+        self, messages: Sequence[Message], add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
     ) -> str:
         """The tokenizer's own template; the documented default when it has none."""
         if not getattr(self.hf_tokenizer, "chat_template", None):
-            return default_chat_template(messages, add_generation_prompt)
+            return default_chat_template(messages, add_generation_prompt, continue_final_message)
+        extra = {"continue_final_message": True} if continue_final_message else {}
         return self.hf_tokenizer.apply_chat_template(
-            list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
+            list(messages), tokenize=False, add_generation_prompt=add_generation_prompt, **extra
         )
 
 

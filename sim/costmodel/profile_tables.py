@@ -8,6 +8,7 @@ Each lookup returns (seconds, inside): `inside` is False where the query lies pa
 from __future__ import annotations
 
 import bisect
+import json
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -23,6 +24,20 @@ _EDGE = 1.0 + 1e-9
 def profile_dir(hardware_name: str, model_name: str) -> Path:
     """sim/profiles/<hardware>/<model>/ (it may not exist)."""
     return PROFILES_DIR / hardware_name / model_name
+
+
+def prefill_piecewise_limit(directory: Path) -> int | None:
+    """The piecewise graphs' token limit the profile's prefill table was measured under (meta.json: the
+    latest run that measured prefill), or None where the profile does not record it. 0: no piecewise graphs."""
+    meta = Path(directory) / "meta.json"
+    if not meta.exists():
+        return None
+    runs = json.loads(meta.read_text()).get("runs") or []
+    for run in reversed(runs):
+        if "prefill" in (run.get("sections") or ["prefill"]):
+            limit = run.get("piecewise_max_tokens")
+            return None if limit is None else int(limit)
+    return None
 
 
 def has_profile(directory: Path) -> bool:
@@ -127,21 +142,59 @@ class DecodeTable:
 
 class PrefillColumns:
     """Prefill steps of one sequence: per measured cached prefix, time over new tokens. With `form`,
-    only columns of that MLA form (MHA or absorbed) serve a query."""
+    only columns of that MLA form (MHA or absorbed) serve a query.
 
-    def __init__(self, rows: pd.DataFrame) -> None:
+    Two launch regimes, as the runtime has them: steps of up to the piecewise graphs' largest token count
+    replay graphs, larger ones launch every kernel eagerly (far more host work: a launch-bound step
+    whose time hardly moves with its tokens). `split_tokens` (the limit the profile was measured under)
+    puts each measured point in its regime, and `query_limit` (the runtime's limit) says which regime a
+    query belongs to; a curve never interpolates across the two (below its first eager point the eager
+    curve stays flat). A query of a regime the profile did not measure at its token count is outside the
+    grid. `split_tokens=None`: one regime (profiles without the limit recorded); `query_limit=None`: the
+    runtime's limit is the profile's."""
+
+    def __init__(self, rows: pd.DataFrame, split_tokens: int | None = None, query_limit: int | None = None) -> None:
         self.prefixes = sorted(int(p) for p in rows["prefix_tokens"].unique())
-        self.curves = {int(p): Curve(g["new_tokens"], g["device_s"]) for p, g in rows.groupby("prefix_tokens")}
         self.max_tokens = float(rows["new_tokens"].max())
+        self.split = split_tokens
+        self.query_limit = split_tokens if query_limit is None else query_limit
+        self.curves = {int(p): Curve(g["new_tokens"], g["device_s"]) for p, g in rows.groupby("prefix_tokens")}
+        self.eager_curves = self.curves
+        if split_tokens is not None:
+            graphs, eager = rows[rows["new_tokens"] <= split_tokens], rows[rows["new_tokens"] > split_tokens]
+            self.curves = _regime_curves(graphs, self.curves)
+            self.eager_curves = _regime_curves(eager, self.curves)
 
     def lookup(self, tokens: float, prefix: float, prefixes: list[int]) -> tuple[float, bool]:
-        """Time at (tokens, equivalent prefix) among `prefixes` columns; below the first column, the
-        first two columns' slope carries it down (a step with fewer attention pairs than any measured),
-        to at most half the first column's time."""
+        """Time at (tokens, equivalent prefix) among `prefixes` columns of the query's regime; below the
+        first column, the first two columns' slope carries it down (a step with fewer attention pairs than
+        any measured), to at most half the first column's time."""
         inside = tokens <= self.max_tokens * _EDGE and prefix <= prefixes[-1] * _EDGE
-        at = lambda i: float(self.curves[prefixes[i]](tokens))   # noqa: E731
+        curves = self.curves
+        if self.split is not None:
+            eager = self.query_limit is not None and tokens > self.query_limit
+            curves = self.eager_curves if eager else self.curves
+            # the profile measured this token count in the other regime
+            inside = inside and (tokens > self.split if eager else tokens <= self.split * _EDGE)
+        at = lambda i: float(curves[prefixes[i]](tokens))   # noqa: E731
         if prefix >= prefixes[0] or len(prefixes) == 1:
             value = lerp_rows(prefixes, min(max(prefix, prefixes[0]), prefixes[-1]), lambda i: np.float64(at(i)))
             return float(value), inside
         slope = (at(1) - at(0)) / (prefixes[1] - prefixes[0])
         return max(at(0) - max(slope, 0.0) * (prefixes[0] - prefix), 0.5 * at(0)), inside
+
+
+    def edge_tokens(self, tokens: float) -> float:
+        """The nearest token count that the query's regime measured (the grid's edge for a fallback)."""
+        if self.split is None:
+            return min(tokens, self.max_tokens)
+        if self.query_limit is not None and tokens > self.query_limit:
+            return min(max(tokens, self.split + 1), self.max_tokens)
+        return min(tokens, self.split, self.max_tokens)
+
+
+def _regime_curves(rows: pd.DataFrame, every: dict[int, Curve]) -> dict[int, Curve]:
+    """Per prefix column, the curve through `rows` (one regime's points); a column without any keeps its
+    curve through every point."""
+    own = {int(p): Curve(g["new_tokens"], g["device_s"]) for p, g in rows.groupby("prefix_tokens")}
+    return {p: own.get(p, curve) for p, curve in every.items()}

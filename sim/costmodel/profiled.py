@@ -32,7 +32,7 @@ from sim.costmodel.profile_host import HostTable
 from sim.costmodel.profile_launch import LaunchTable
 from sim.costmodel.shared_reads import fit_shared_read_fraction
 from sim.costmodel.profile_tables import (
-    Curve, DecodeTable, PrefillColumns, capture_batch_sizes, lerp_rows,
+    Curve, DecodeTable, PrefillColumns, capture_batch_sizes, lerp_rows, prefill_piecewise_limit,
 )
 from sim.costmodel.profile_layouts import profile_for_layout
 
@@ -66,10 +66,12 @@ class ProfiledCostModel:
         self.graph_max_bs = limit if (cuda_graph and self.graph) else 0
         self.capture_sizes = capture_batch_sizes(limit) if self.graph_max_bs else []
         prefill = pd.read_csv(directory / "prefill.csv")
-        self.single = PrefillColumns(prefill[prefill["num_seqs"] == 1])
+        # the two launch regimes (piecewise graphs, eager) as the profile measured them and as the runtime runs
+        regimes = dict(split_tokens=prefill_piecewise_limit(directory), query_limit=piecewise_max_tokens)
+        self.single = PrefillColumns(prefill[prefill["num_seqs"] == 1], **regimes)
         # launch-bound time of one-sequence steps: back to back minus with the launch hidden (tables measured
         # before `device_alone_s` existed have none: priced as launched back to back)
-        self.launch_bound = (PrefillColumns(_launch_bound_rows(prefill[prefill["num_seqs"] == 1]))
+        self.launch_bound = (PrefillColumns(_launch_bound_rows(prefill[prefill["num_seqs"] == 1]), **regimes)
                              if "device_alone_s" in prefill and prefill["device_alone_s"].notna().any() else None)
         self.columns = self._form_columns()
         self.expand_s_per_token = self._expand_rate(prefill[prefill["num_seqs"] > 1])
@@ -268,7 +270,7 @@ class ProfiledCostModel:
 
     def _prefill_fallback(self, shape: StepShape, tokens: int, p_eq: float, form: str) -> float:
         cols = self.columns[form]
-        edge_tokens = int(min(tokens, self.single.max_tokens))
+        edge_tokens = int(self.single.edge_tokens(tokens))
         edge_prefix = int(min(max(p_eq, 0), cols[-1]))
         measured, _ = self.single.lookup(edge_tokens, edge_prefix, cols)
         edge = StepShape((edge_tokens,), (edge_prefix,))
@@ -283,7 +285,7 @@ class ProfiledCostModel:
         """Measured prefix columns per MLA form (a model without MLA has one form: every column)."""
         by_form = {form: [] for form in FORMS}
         for p in self.single.prefixes:
-            tokens = self.single.curves[p].xs[-1]
+            tokens = max(self.single.curves[p].max_x, self.single.eager_curves[p].max_x)   # the column's last point
             by_form[self._form([p], [int(p + tokens)])].append(p)
         everything = list(self.single.prefixes)
         return {form: cols or everything for form, cols in by_form.items()}

@@ -268,3 +268,56 @@ def test_only_decodes_within_the_graph_limit_wait_for_their_launch():
     assert graphs_to_4.device_waits_for_launch(decode(4)) and not graphs_to_4.device_waits_for_launch(decode(5))
     assert not graphs_to_4.device_waits_for_launch(StepShape(extend_new_tokens=(16,), extend_prefix_tokens=(0,)))
     assert not ReplayCostModel([0.1]).device_waits_for_launch(decode(1))     # recorded durations hold the wait
+
+
+def _profile_with_piecewise_limit(tmp_path: Path, limit: int) -> Path:
+    """profile_small with a meta.json that says its prefill table was measured with piecewise graphs up to
+    `limit` tokens, and its 256-token points made eager-like (launch-bound: 3x the graph-replayed time)."""
+    directory = tmp_path / "profile"
+    directory.mkdir()
+    for name in ("decode", "host"):
+        table(name).to_csv(directory / f"{name}.csv", index=False)
+    prefill = table("prefill")
+    eager = prefill["new_tokens"] > limit
+    prefill.loc[eager, "device_s"] *= 3.0
+    prefill.to_csv(directory / "prefill.csv", index=False)
+    (directory / "meta.json").write_text(
+        '{"runs": [{"sections": ["decode"], "piecewise_max_tokens": 8},'
+        f' {{"sections": ["prefill", "mixed"], "piecewise_max_tokens": {limit}}}]}}')
+    return directory
+
+
+def profiled_at(directory: Path, **kw) -> ProfiledCostModel:
+    core = build_core(compose_config(TINY))
+    return ProfiledCostModel(core.model, core.hardware, core.layout, fallback=RooflineCostModel,
+                             profile=str(directory), **kw)
+
+
+def test_prefill_never_interpolates_across_the_piecewise_graph_limit(tmp_path):
+    """Steps past the piecewise graphs' limit launch every kernel eagerly (the runtime's two regimes): a step
+    one token past the limit is priced from the eager points (flat below the first of them, as a launch-bound
+    step is), not between the last graph-replayed point and the first eager one."""
+    directory = _profile_with_piecewise_limit(tmp_path, limit=64)
+    model = profiled_at(directory, piecewise_max_tokens=64)
+    prefill = table("prefill").query("num_seqs == 1 and prefix_tokens == 0").set_index("new_tokens")["device_s"]
+    eager_first = 3.0 * prefill[256]
+    assert model.device_time_s(StepShape((65,), (0,))) == pytest.approx(eager_first, rel=1e-9)
+    assert model.device_time_s(StepShape((200,), (0,))) == pytest.approx(eager_first, rel=1e-9)
+    assert model.device_time_s(StepShape((64,), (0,))) == pytest.approx(prefill[64], rel=1e-9)
+    below = model.device_time_s(StepShape((40,), (0,)))          # graph points only: between 16 and 64
+    assert prefill[16] < below < prefill[64]
+    assert model.fallbacks["prefill"] == 0
+    # a profile without the limit recorded keeps one curve through every point (interpolated across)
+    (directory / "meta.json").unlink()
+    one_regime = profiled_at(directory, piecewise_max_tokens=64)
+    assert prefill[64] < one_regime.device_time_s(StepShape((65,), (0,))) < eager_first
+
+
+def test_a_regime_the_profile_did_not_measure_at_that_size_falls_back(tmp_path):
+    """The runtime's limit below the profile's: a 64-token step runs eagerly, which the profile only measured
+    from 256 tokens on; it is priced by the roofline scaled at the eager regime's edge, and counted."""
+    model = profiled_at(_profile_with_piecewise_limit(tmp_path, limit=64), piecewise_max_tokens=16)
+    model.device_time_s(StepShape((64,), (0,)))
+    assert model.fallbacks["prefill"] == 1
+    model.device_time_s(StepShape((16,), (0,)))                  # still graph-replayed, and measured so
+    assert model.fallbacks["prefill"] == 1
