@@ -150,17 +150,19 @@ class PrefillColumns:
     puts each measured point in its regime, and `query_limit` (the runtime's limit) says which regime a
     query belongs to; a curve never interpolates across the two (below its first eager point the eager
     curve stays flat). A query of a regime the profile did not measure at its token count is outside the
-    grid. `split_tokens=None`: one regime (profiles without the limit recorded); `query_limit=None`: the
-    runtime's limit is the profile's."""
+    grid. `split_tokens` None or 0: one regime (profiles without the limit recorded, or measured without
+    piecewise graphs: every point is what such a profile prices); `query_limit=None`: the runtime's limit
+    is the profile's."""
 
     def __init__(self, rows: pd.DataFrame, split_tokens: int | None = None, query_limit: int | None = None) -> None:
         self.prefixes = sorted(int(p) for p in rows["prefix_tokens"].unique())
         self.max_tokens = float(rows["new_tokens"].max())
-        self.split = split_tokens
-        self.query_limit = split_tokens if query_limit is None else query_limit
+        self.split = split_tokens or None
+        self.query_limit = self.split if query_limit is None else query_limit
+        self.min_tokens = float(rows["new_tokens"].min())
         self.curves = {int(p): Curve(g["new_tokens"], g["device_s"]) for p, g in rows.groupby("prefix_tokens")}
         self.eager_curves = self.curves
-        if split_tokens is not None:
+        if self.split is not None:
             graphs, eager = rows[rows["new_tokens"] <= split_tokens], rows[rows["new_tokens"] > split_tokens]
             self.curves = _regime_curves(graphs, self.curves)
             self.eager_curves = _regime_curves(eager, self.curves)
@@ -183,14 +185,13 @@ class PrefillColumns:
         slope = (at(1) - at(0)) / (prefixes[1] - prefixes[0])
         return max(at(0) - max(slope, 0.0) * (prefixes[0] - prefix), 0.5 * at(0)), inside
 
-
     def edge_tokens(self, tokens: float) -> float:
         """The nearest token count that the query's regime measured (the grid's edge for a fallback)."""
         if self.split is None:
             return min(tokens, self.max_tokens)
         if self.query_limit is not None and tokens > self.query_limit:
             return min(max(tokens, self.split + 1), self.max_tokens)
-        return min(tokens, self.split, self.max_tokens)
+        return max(min(tokens, self.split, self.max_tokens), self.min_tokens)
 
 
 def _regime_curves(rows: pd.DataFrame, every: dict[int, Curve]) -> dict[int, Curve]:

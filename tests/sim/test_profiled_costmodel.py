@@ -307,10 +307,16 @@ def test_prefill_never_interpolates_across_the_piecewise_graph_limit(tmp_path):
     below = model.device_time_s(StepShape((40,), (0,)))          # graph points only: between 16 and 64
     assert prefill[16] < below < prefill[64]
     assert model.fallbacks["prefill"] == 0
-    # a profile without the limit recorded keeps one curve through every point (interpolated across)
-    (directory / "meta.json").unlink()
-    one_regime = profiled_at(directory, piecewise_max_tokens=64)
-    assert prefill[64] < one_regime.device_time_s(StepShape((65,), (0,))) < eager_first
+    # a profile without the limit recorded, or measured without piecewise graphs (limit 0: a CPU profile),
+    # keeps one curve through every point (interpolated across), inside the grid
+    for meta in (None, '{"runs": [{"sections": ["prefill"], "piecewise_max_tokens": 0}]}'):
+        (directory / "meta.json").unlink(missing_ok=True)
+        if meta is not None:
+            (directory / "meta.json").write_text(meta)
+        one_regime = profiled_at(directory, piecewise_max_tokens=64)
+        assert prefill[64] < one_regime.device_time_s(StepShape((65,), (0,))) < eager_first
+        assert one_regime.device_time_s(StepShape((16,) * 4, (0,) * 4)) > 0
+        assert one_regime.fallbacks["prefill"] == 0
 
 
 def test_a_regime_the_profile_did_not_measure_at_that_size_falls_back(tmp_path):
