@@ -160,12 +160,11 @@ class PrefillColumns:
         self.split = split_tokens or None
         self.query_limit = self.split if query_limit is None else query_limit
         self.min_tokens = float(rows["new_tokens"].min())
-        self.curves = {int(p): Curve(g["new_tokens"], g["device_s"]) for p, g in rows.groupby("prefix_tokens")}
-        self.eager_curves = self.curves
-        if self.split is not None:
-            graphs, eager = rows[rows["new_tokens"] <= split_tokens], rows[rows["new_tokens"] > split_tokens]
-            self.curves = _regime_curves(graphs, self.curves)
-            self.eager_curves = _regime_curves(eager, self.curves)
+        every = _column_curves(rows)
+        self.curves = self.eager_curves = every
+        if self.split is not None:      # a column without points in a regime keeps its curve through every point
+            self.curves = {**every, **_column_curves(rows[rows["new_tokens"] <= self.split])}
+            self.eager_curves = {**every, **_column_curves(rows[rows["new_tokens"] > self.split])}
 
     def lookup(self, tokens: float, prefix: float, prefixes: list[int]) -> tuple[float, bool]:
         """Time at (tokens, equivalent prefix) among `prefixes` columns of the query's regime; below the
@@ -194,8 +193,6 @@ class PrefillColumns:
         return max(min(tokens, self.split, self.max_tokens), self.min_tokens)
 
 
-def _regime_curves(rows: pd.DataFrame, every: dict[int, Curve]) -> dict[int, Curve]:
-    """Per prefix column, the curve through `rows` (one regime's points); a column without any keeps its
-    curve through every point."""
-    own = {int(p): Curve(g["new_tokens"], g["device_s"]) for p, g in rows.groupby("prefix_tokens")}
-    return {p: own.get(p, curve) for p, curve in every.items()}
+def _column_curves(rows: pd.DataFrame) -> dict[int, Curve]:
+    """Per prefix column of `rows`, its time over new tokens."""
+    return {int(p): Curve(g["new_tokens"], g["device_s"]) for p, g in rows.groupby("prefix_tokens")}

@@ -5,6 +5,7 @@ have (constrained decoding, custom logit processors) are checked to be refused w
 SGLang's native /generate cases: test_sglang_compat_generate.py."""
 from __future__ import annotations
 
+import itertools
 import json
 
 import httpx
@@ -44,6 +45,16 @@ def sse_events(response: httpx.Response) -> list[dict]:
     return [json.loads(line[len("data: "):]) for line in lines[:-1]]
 
 
+def completion_cases():
+    """run_completion's grid: (echo, logprobs, n, prompt, number of prompts) over echo x logprobs x list input x
+    n x token input."""
+    ids = TOKENIZER.encode(PROMPT)
+    for echo, logprobs, use_list, n, token_input in itertools.product((False, True), (None, 5), (True, False),
+                                                                      (1, 2), (False, True)):
+        one = ids if token_input else PROMPT
+        yield (echo, logprobs, n, *(([one, one], 2) if use_list else (one, 1)))
+
+
 def refused(response: httpx.Response, param: str) -> None:
     """A 400 with an OpenAI error object naming `param`."""
     assert response.status_code == 400, response.text
@@ -57,32 +68,26 @@ def test_completion(client):
     """test_openai_server.py::TestOpenAIServer.test_completion (run_completion): echo x logprobs x list input
     x n x token input; choices, echoed prompt, integer logprobs with prompt entries under echo, usage."""
     ids = TOKENIZER.encode(PROMPT)
-    for echo in (False, True):
-        for logprobs in (None, 5):
-            for use_list in (True, False):
-                for n in (1, 2):
-                    for token_input in (False, True):
-                        one = ids if token_input else PROMPT
-                        prompt, num_prompts = ([one, one], 2) if use_list else (one, 1)
-                        out = client.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=32,
-                                                        echo=echo, logprobs=logprobs, n=n)
-                        assert len(out.choices) == num_prompts * n
-                        assert sorted(c.index for c in out.choices) == list(range(num_prompts * n))
-                        if echo:
-                            assert out.choices[0].text.startswith(PROMPT)
-                        if logprobs:
-                            lp = out.choices[0].logprobs
-                            assert isinstance(lp.tokens[0], str)
-                            assert isinstance(lp.top_logprobs[1], dict) and len(lp.top_logprobs[1]) > 0
-                            if echo:               # the first prompt token has nothing before it
-                                assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
-                                assert len(lp.tokens) == len(ids) + out.usage.completion_tokens // (num_prompts * n)
-                            else:
-                                assert lp.token_logprobs[0]
-                        assert out.id and out.created
-                        assert out.usage.prompt_tokens == len(ids) * num_prompts      # each prompt once, not n times
-                        assert out.usage.completion_tokens > 0
-                        assert out.usage.total_tokens == out.usage.prompt_tokens + out.usage.completion_tokens
+    for echo, logprobs, n, prompt, num_prompts in completion_cases():
+        out = client.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=32,
+                                        echo=echo, logprobs=logprobs, n=n)
+        assert len(out.choices) == num_prompts * n
+        assert sorted(c.index for c in out.choices) == list(range(num_prompts * n))
+        if echo:
+            assert out.choices[0].text.startswith(PROMPT)
+        if logprobs:
+            lp = out.choices[0].logprobs
+            assert isinstance(lp.tokens[0], str)
+            assert isinstance(lp.top_logprobs[1], dict) and len(lp.top_logprobs[1]) > 0
+            if echo:               # the first prompt token has nothing before it
+                assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+                assert len(lp.tokens) == len(ids) + out.usage.completion_tokens // (num_prompts * n)
+            else:
+                assert lp.token_logprobs[0]
+        assert out.id and out.created
+        assert out.usage.prompt_tokens == len(ids) * num_prompts      # each prompt once, not n times
+        assert out.usage.completion_tokens > 0
+        assert out.usage.total_tokens == out.usage.prompt_tokens + out.usage.completion_tokens
 
 
 def test_completion_stream(client):
@@ -90,35 +95,29 @@ def test_completion_stream(client):
     with logprobs has tokens (top_logprobs dicts but in an echoed first chunk), the first chunk of each
     choice starts with the echoed prompt, every index appears, one final usage chunk with no choices."""
     ids = TOKENIZER.encode(PROMPT)
-    for echo in (False, True):
-        for logprobs in (None, 5):
-            for use_list in (True, False):
-                for n in (1, 2):
-                    for token_input in (False, True):
-                        one = ids if token_input else PROMPT
-                        prompt, num_prompts = ([one, one], 2) if use_list else (one, 1)
-                        chunks = list(client.completions.create(
-                            model=MODEL, prompt=prompt, temperature=0, max_tokens=32, echo=echo, logprobs=logprobs,
-                            n=n, stream=True, stream_options={"include_usage": True}))
-                        usage = [c for c in chunks if c.usage is not None]
-                        assert len(usage) == 1 and chunks[-1] is usage[0] and usage[0].choices == []
-                        assert usage[0].usage.prompt_tokens == len(ids) * num_prompts
-                        assert usage[0].usage.completion_tokens > 0
-                        firsts, finishes = set(), []
-                        for chunk in chunks[:-1]:
-                            assert chunk.id and chunk.created and len(chunk.choices) == 1
-                            c = chunk.choices[0]
-                            first = c.index not in firsts
-                            if logprobs:
-                                assert c.logprobs and isinstance(c.logprobs.tokens[0], str)
-                                if not (first and echo):
-                                    assert isinstance(c.logprobs.top_logprobs[0], dict) and c.logprobs.top_logprobs[0]
-                            if first and echo:
-                                assert c.text.startswith(PROMPT)
-                            firsts.add(c.index)
-                            if c.finish_reason is not None:
-                                finishes.append(c.index)
-                        assert firsts == set(range(num_prompts * n)) and sorted(finishes) == sorted(firsts)
+    for echo, logprobs, n, prompt, num_prompts in completion_cases():
+        chunks = list(client.completions.create(
+            model=MODEL, prompt=prompt, temperature=0, max_tokens=32, echo=echo, logprobs=logprobs,
+            n=n, stream=True, stream_options={"include_usage": True}))
+        usage = [c for c in chunks if c.usage is not None]
+        assert len(usage) == 1 and chunks[-1] is usage[0] and usage[0].choices == []
+        assert usage[0].usage.prompt_tokens == len(ids) * num_prompts
+        assert usage[0].usage.completion_tokens > 0
+        firsts, finishes = set(), []
+        for chunk in chunks[:-1]:
+            assert chunk.id and chunk.created and len(chunk.choices) == 1
+            c = chunk.choices[0]
+            first = c.index not in firsts
+            if logprobs:
+                assert c.logprobs and isinstance(c.logprobs.tokens[0], str)
+                if not (first and echo):
+                    assert isinstance(c.logprobs.top_logprobs[0], dict) and c.logprobs.top_logprobs[0]
+            if first and echo:
+                assert c.text.startswith(PROMPT)
+            firsts.add(c.index)
+            if c.finish_reason is not None:
+                finishes.append(c.index)
+        assert firsts == set(range(num_prompts * n)) and sorted(finishes) == sorted(firsts)
 
 
 def test_chat_completion(client):
