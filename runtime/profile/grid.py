@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from runtime.core.graph_grids import capture_batch_sizes
+
 
 @dataclass(frozen=True)
 class Grid:
@@ -35,6 +37,14 @@ class Grid:
     shared_private: tuple[int, ...] = ()      # private tokens per request after the shared ones
 
 
+def _capture_sizes_to(max_bs: int) -> tuple[int, ...]:
+    """Every decode capture size up to max_bs. The MLA decode kernel splits each request's KV over
+    cdiv(2 x SMs, batch) programs, so a step's time is not smooth in batch below ~2 x SMs (on an H200,
+    batch 48 over 16k contexts takes longer than batch 64): sizes the runtime pads to are measured, not
+    interpolated."""
+    return tuple(capture_batch_sizes(max_bs))
+
+
 GRIDS = {
     "smoke": Grid(decode_batches=(1, 4), decode_contexts=(16, 64), eager_batches=(1, 4), eager_contexts=(64,),
                   prefill_tokens=(16, 64), prefill_prefixes=(0, 32), multi_seqs=(2,), multi_tokens=(32,),
@@ -42,8 +52,8 @@ GRIDS = {
                   host_decode_batches=(1, 4), host_prefill=((1, 16), (2, 16)), op_tokens=(1, 16),
                   repeats=2, host_steps=2, shared_batches=(4,), shared_groups=(1, 2, 4), shared_prefixes=(32,),
                   shared_private=(8,)),
-    "quick": Grid(decode_batches=(1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024),
-                  decode_contexts=(128, 1024, 4096, 16384, 65536),
+    "quick": Grid(decode_batches=_capture_sizes_to(128) + (160, 192, 224, 256, 384, 512, 1024),
+                  decode_contexts=(128, 1024, 2048, 4096, 16384, 65536),
                   eager_batches=(1, 8, 64, 256, 1024), eager_contexts=(128, 1024, 4096),
                   prefill_tokens=(16, 64, 256, 512, 1024, 2048, 3072, 4096, 8192),
                   prefill_prefixes=(0, 1024, 4096, 16384, 65536),
@@ -54,7 +64,7 @@ GRIDS = {
                   op_tokens=(1, 8, 64, 256, 1024, 4096, 8192), repeats=5, host_steps=8,
                   shared_batches=(16, 64, 128, 256), shared_groups=(1, 4, 16, 64), shared_prefixes=(512, 2048, 4096, 8192),
                   shared_private=(128, 1024)),
-    "full": Grid(decode_batches=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024),
+    "full": Grid(decode_batches=_capture_sizes_to(1024),
                  decode_contexts=(64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072),
                  eager_batches=(1, 4, 16, 64, 128, 256, 512, 1024), eager_contexts=(128, 1024, 4096, 16384),
                  prefill_tokens=(8, 16, 32, 64, 128, 256, 512, 1024, 2048, 3072, 4096, 6144, 8192, 12288, 16384),
