@@ -148,9 +148,13 @@ class PrefillColumns:
     replay graphs, larger ones launch every kernel eagerly (far more host work: a launch-bound step
     whose time hardly moves with its tokens). `split_tokens` (the limit the profile was measured under)
     puts each measured point in its regime, and `query_limit` (the runtime's limit) says which regime a
-    query belongs to; a curve never interpolates across the two (below its first eager point the eager
-    curve stays flat). A query of a regime the profile did not measure at its token count is outside the
-    grid. `split_tokens` None or 0: one regime (profiles without the limit recorded, or measured without
+    query belongs to. Past the limit a step is priced from the eager points: between the limit and the
+    first eager point, on the line from the graph-replayed step at the limit (where the profile measured
+    one) to that point -- a step just past the limit does the same device work as one at it, and on an
+    H200 the two launches took the same time at 2,048 tokens (DeepSeek-V2-Lite), while the first eager
+    point may lie a thousand tokens or more above; without a point at the limit the eager curve stays
+    flat below its first point. Below the limit, graph-replayed points only. A query of a regime the
+    profile did not measure at its token count is outside the grid. `split_tokens` None or 0: one regime (profiles without the limit recorded, or measured without
     piecewise graphs: every point is what such a profile prices); `query_limit=None`: the runtime's limit
     is the profile's."""
 
@@ -164,7 +168,9 @@ class PrefillColumns:
         self.curves = self.eager_curves = every
         if self.split is not None:      # a column without points in a regime keeps its curve through every point
             self.curves = {**every, **_column_curves(rows[rows["new_tokens"] <= self.split])}
-            self.eager_curves = {**every, **_column_curves(rows[rows["new_tokens"] > self.split])}
+            eager = rows[rows["new_tokens"] > self.split]
+            at_limit = rows[(rows["new_tokens"] == self.split) & rows["prefix_tokens"].isin(eager["prefix_tokens"])]
+            self.eager_curves = {**every, **_column_curves(pd.concat([at_limit, eager]))}
 
     def lookup(self, tokens: float, prefix: float, prefixes: list[int]) -> tuple[float, bool]:
         """Time at (tokens, equivalent prefix) among `prefixes` columns of the query's regime; below the

@@ -295,18 +295,34 @@ def profiled_at(directory: Path, **kw) -> ProfiledCostModel:
 
 def test_prefill_never_interpolates_across_the_piecewise_graph_limit(tmp_path):
     """Steps past the piecewise graphs' limit launch every kernel eagerly (the runtime's two regimes): a step
-    one token past the limit is priced from the eager points (flat below the first of them, as a launch-bound
-    step is), not between the last graph-replayed point and the first eager one."""
+    past the limit is priced on the line from the graph-replayed step at the limit to the first eager point
+    (the same device work as at the limit, launched eagerly), never below its eager launch; below the limit
+    from the graph-replayed points only. Without a point at the limit, the eager curve is flat below its
+    first point."""
     directory = _profile_with_piecewise_limit(tmp_path, limit=64)
     model = profiled_at(directory, piecewise_max_tokens=64)
     prefill = table("prefill").query("num_seqs == 1 and prefix_tokens == 0").set_index("new_tokens")["device_s"]
     eager_first = 3.0 * prefill[256]
-    assert model.device_time_s(StepShape((65,), (0,))) == pytest.approx(eager_first, rel=1e-9)
-    assert model.device_time_s(StepShape((200,), (0,))) == pytest.approx(eager_first, rel=1e-9)
+    line = lambda n: prefill[64] + (eager_first - prefill[64]) * (n - 64) / (256 - 64)   # noqa: E731
+    assert model.device_time_s(StepShape((65,), (0,))) == pytest.approx(line(65), rel=1e-9)
+    assert model.device_time_s(StepShape((200,), (0,))) == pytest.approx(line(200), rel=1e-9)
+    assert model.device_time_s(StepShape((256,), (0,))) == pytest.approx(eager_first, rel=1e-9)
     assert model.device_time_s(StepShape((64,), (0,))) == pytest.approx(prefill[64], rel=1e-9)
     below = model.device_time_s(StepShape((40,), (0,)))          # graph points only: between 16 and 64
     assert prefill[16] < below < prefill[64]
     assert model.fallbacks["prefill"] == 0
+    # an eager step whose launch (host.csv's launch_s past the limit) outlasts its device work takes the launch
+    host = pd.read_csv(directory / "host.csv")
+    host.loc[(host["kind"] == "prefill") & (host["new_tokens"] == 256), "launch_s"] = 0.02
+    host.to_csv(directory / "host.csv", index=False)
+    launch_bound = profiled_at(directory, piecewise_max_tokens=64)
+    assert launch_bound.device_time_s(StepShape((65,), (0,))) == pytest.approx(0.02, rel=1e-9)
+    assert launch_bound.device_time_s(StepShape((64,), (0,))) == pytest.approx(prefill[64], rel=1e-9)
+    # limit 100: the profile has no graph-replayed point there, so below 256 the eager curve stays flat
+    (directory / "meta.json").write_text('{"runs": [{"sections": ["prefill"], "piecewise_max_tokens": 100}]}')
+    table("host").to_csv(directory / "host.csv", index=False)
+    flat = profiled_at(directory, piecewise_max_tokens=100)
+    assert flat.device_time_s(StepShape((101,), (0,))) == pytest.approx(eager_first, rel=1e-9)
     # a profile without the limit recorded, or measured without piecewise graphs (limit 0: a CPU profile),
     # keeps one curve through every point (interpolated across), inside the grid
     for meta in (None, '{"runs": [{"sections": ["prefill"], "piecewise_max_tokens": 0}]}'):
