@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,16 +45,14 @@ def main(argv: list[str] | None = None) -> int:
 
     for k, tokens in enumerate(args.sizes):
         before = torch.cuda.memory_reserved()
-        if k == 0 and args.profile_first:
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                first = run(tokens, f"c{k}a")
-        else:
+        profiled = k == 0 and args.profile_first
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) if profiled else nullcontext() as prof:
             first = run(tokens, f"c{k}a")
         grew = (torch.cuda.memory_reserved() - before) / 2**20
         again = [run(tokens, f"c{k}{r}") for r in "bc"]
         print(f"{tokens:6d} tokens: first {first:7.1f} ms (reserved +{grew:.0f} MiB), again "
               + " ".join(f"{x:.1f}" for x in again) + " ms", flush=True)
-        if k == 0 and args.profile_first:
+        if profiled:
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=60))
     return 0
 

@@ -154,9 +154,9 @@ class PrefillColumns:
     H200 the two launches took the same time at 2,048 tokens (DeepSeek-V2-Lite), while the first eager
     point may lie a thousand tokens or more above; without a point at the limit the eager curve stays
     flat below its first point. Below the limit, graph-replayed points only. A query of a regime the
-    profile did not measure at its token count is outside the grid. `split_tokens` None or 0: one regime (profiles without the limit recorded, or measured without
-    piecewise graphs: every point is what such a profile prices); `query_limit=None`: the runtime's limit
-    is the profile's."""
+    profile did not measure at its token count is outside the grid. `split_tokens` None or 0: one regime
+    (profiles without the limit recorded, or measured without piecewise graphs: every point is what such
+    a profile prices); `query_limit=None`: the runtime's limit is the profile's."""
 
     def __init__(self, rows: pd.DataFrame, split_tokens: int | None = None, query_limit: int | None = None) -> None:
         self.prefixes = sorted(int(p) for p in rows["prefix_tokens"].unique())
@@ -179,7 +179,7 @@ class PrefillColumns:
         inside = tokens <= self.max_tokens * _EDGE and prefix <= prefixes[-1] * _EDGE
         curves = self.curves
         if self.split is not None:
-            eager = self.query_limit is not None and tokens > self.query_limit
+            eager = self.runs_eagerly(tokens)
             curves = self.eager_curves if eager else self.curves
             # the profile measured this token count in the other regime
             inside = inside and (tokens > self.split if eager else tokens <= self.split * _EDGE)
@@ -190,11 +190,15 @@ class PrefillColumns:
         slope = (at(1) - at(0)) / (prefixes[1] - prefixes[0])
         return max(at(0) - max(slope, 0.0) * (prefixes[0] - prefix), 0.5 * at(0)), inside
 
+    def runs_eagerly(self, tokens: float) -> bool:
+        """Whether the runtime launches a step of `tokens` new tokens eagerly (past its piecewise limit)."""
+        return self.query_limit is not None and tokens > self.query_limit
+
     def edge_tokens(self, tokens: float) -> float:
         """The nearest token count that the query's regime measured (the grid's edge for a fallback)."""
         if self.split is None:
             return min(tokens, self.max_tokens)
-        if self.query_limit is not None and tokens > self.query_limit:
+        if self.runs_eagerly(tokens):
             return min(max(tokens, self.split + 1), self.max_tokens)
         return max(min(tokens, self.split, self.max_tokens), self.min_tokens)
 

@@ -226,8 +226,7 @@ class ProfiledCostModel:
         seconds, inside = self._base_prefill_s(tokens, pairs, sum_prefix, form)
         if num_seqs > 1:
             seconds *= self._multi_factor(form, num_seqs, tokens, sum_prefix / num_seqs)
-        limit = self.single.query_limit
-        if limit is not None and tokens > limit and self.launch is not None:
+        if self.launch is not None and self.single.runs_eagerly(tokens):
             # an eager step's kernels cannot all run before they are launched: back to back, a step whose
             # launch outlasts its device work takes its launch (host launches of eager steps differ by up
             # to 2x between lent H200s, while their device work does not)
