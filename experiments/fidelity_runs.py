@@ -1,10 +1,11 @@
 """The fidelity workloads, run for real and simulated with the same overrides and seed: one model runner
 (weights, CUDA graphs, warm-up) serves every real run, each with a fresh scheduler, writing what
-`mode=real` writes (records, summary, predicted_s) plus step_shapes.parquet (every step's full shape, so
-any cost model can be scored later on the real plans). `--sim` runs `mode=sim` for each workload and cost
+`mode=real` writes (records, summary, predicted_s, step_shapes.parquet: every step's full shape, so any
+cost model can be scored later on the real plans). `--sim` runs `mode=sim` for each workload and cost
 model instead (no GPU).
 
   python experiments/fidelity_runs.py --real --out /tmp/fidelity/real            # GPU
+  python experiments/fidelity_runs.py --real --out /tmp/fidelity/real_tp2 --base tp=2   # 2 GPUs: mode=real per workload
   python experiments/fidelity_runs.py --sim --out /tmp/fidelity/sim              # CPU: profiled + roofline
 """
 from __future__ import annotations
@@ -13,15 +14,14 @@ import argparse
 import time
 from pathlib import Path
 
-import pandas as pd
 from hydra.utils import instantiate
 
 from experiments.compose import compose_config
 from runtime.build import build_core
 from runtime.metrics import step_prediction_error, summarize
 from runtime.records_io import requests_frame, steps_frame, write_run
-from sim.costmodel.base import StepShape
 from sim.predictor import build_cost_model, step_predictor
+from sim.step_shapes import shapes_frame, write_step_shapes
 
 TRACES = Path(__file__).resolve().parents[1] / ".traces"      # heads of ../shared/data traces (carried to the GPU)
 RANDOM = ["workload=random"]
@@ -50,21 +50,6 @@ COST_MODELS = ("profiled", "roofline", "roofline_fitted")
 QUIET = ["progress=false", "print_summary=false"]
 
 
-def shape_row(step_id: int, shape: StepShape) -> dict:
-    return {"step_id": step_id, "extend_new_tokens": list(shape.extend_new_tokens),
-            "extend_prefix_tokens": list(shape.extend_prefix_tokens), "num_decode_reqs": shape.num_decode_reqs,
-            "decode_context_tokens": shape.decode_context_tokens, "decode_shared_tokens": shape.decode_shared_tokens}
-
-
-def read_shapes(run_dir: Path) -> list[StepShape]:
-    frame = pd.read_parquet(Path(run_dir) / "step_shapes.parquet")
-    if "decode_shared_tokens" not in frame:       # recorded before shared prefixes were priced
-        frame["decode_shared_tokens"] = 0
-    return [StepShape(tuple(int(x) for x in r.extend_new_tokens), tuple(int(x) for x in r.extend_prefix_tokens),
-                      int(r.num_decode_reqs), int(r.decode_context_tokens), int(r.decode_shared_tokens))
-            for r in frame.itertuples(index=False)]
-
-
 def run_real_workload(runner, overrides: list[str], out: Path) -> dict:
     """One workload through `runner` with a fresh scheduler; `overrides` include any --base ones."""
     from runtime.driver import RealDriver
@@ -72,16 +57,12 @@ def run_real_workload(runner, overrides: list[str], out: Path) -> dict:
 
     cfg = compose_config(["mode=real", "costmodel=profiled"] + overrides + QUIET)
     core = build_core(cfg)
-    predict = step_predictor(build_cost_model(cfg, core), overlap=bool(cfg.overlap))
     shapes: list[dict] = []
-
-    def predict_and_keep(plan) -> float:
-        shapes.append(shape_row(plan.step_id, StepShape.from_plan(plan)))
-        return predict(plan)
+    predict = step_predictor(build_cost_model(cfg, core), overlap=bool(cfg.overlap), shapes=shapes)
 
     pauses = GCPauses(float(cfg.real.gc_warning_threshold_s))
     driver = RealDriver(core.scheduler, runner, as_fast_as_possible=bool(cfg.real.as_fast_as_possible),
-                        progress=False, overlap=bool(cfg.overlap), predict=predict_and_keep)
+                        progress=False, overlap=bool(cfg.overlap), predict=predict)
     specs = instantiate(cfg.workload).requests()
     started = time.perf_counter()
     with serving_gc(pauses, bool(cfg.real.freeze_gc)):      # as mode=real serves (runtime/app.py)
@@ -91,20 +72,29 @@ def run_real_workload(runner, overrides: list[str], out: Path) -> dict:
     summary.update(kv_capacity_tokens=core.kv_capacity_tokens, step_prediction_error=step_prediction_error(steps),
                    overrides=overrides, gc=pauses.summary())
     write_run(out, requests, steps, summary, plots=False)
-    pd.DataFrame(shapes).to_parquet(out / "step_shapes.parquet", index=False)
+    write_step_shapes(out, shapes_frame(shapes))
     return summary
 
 
 def run_real(out: Path, names: list[str], base: list[str]) -> None:
+    """One runner for every workload on one GPU; a layout of several GPUs (`--base tp=2`) serves each
+    workload as `python run.py mode=real` does (its ranks spawned anew per workload), writing the same files."""
+    from runtime.app import run_real as run_mode_real
+    from runtime.build import build_layout
     from runtime.engine.build_runner import build_model_runner
 
     cfg = compose_config(["mode=real"] + base + QUIET)
-    runner = build_model_runner(cfg, build_core(cfg))
-    print(f"runner: load {runner.load_time_s:.1f} s, warm-up {runner.warmup_s:.1f} s", flush=True)
+    if build_layout(cfg).num_gpus > 1:
+        serve = lambda overrides, run_dir: run_mode_real(   # noqa: E731
+            compose_config(["mode=real", "costmodel=profiled"] + overrides + QUIET), out_dir=run_dir)
+    else:
+        runner = build_model_runner(cfg, build_core(cfg))
+        print(f"runner: load {runner.load_time_s:.1f} s, warm-up {runner.warmup_s:.1f} s", flush=True)
+        serve = lambda overrides, run_dir: run_real_workload(runner, overrides, run_dir)   # noqa: E731
     for name in names:
-        s = run_real_workload(runner, base + ALL_WORKLOADS[name], out / name)
+        s = serve(base + ALL_WORKLOADS[name], out / name)
         print(f"{name}: {s['num_finished']} req, {s['duration_s']:.1f} s, TTFT p50 {s['ttft_s']['p50']} s, "
-              f"TPOT mean {s['tpot_s']['mean']} s, step error {s['step_prediction_error']}, gc {s['gc']}", flush=True)
+              f"TPOT mean {s['tpot_s']['mean']} s, step error {s['step_prediction_error']}, gc {s.get('gc')}", flush=True)
 
 
 def run_sims(out: Path, names: list[str], base: list[str]) -> None:

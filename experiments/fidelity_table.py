@@ -5,6 +5,7 @@ overlap, against the measured step). Writes errors.csv and the compact steps/req
 plots. Torch-free.
 
   python -m experiments.fidelity_table --real DIR/real --sim DIR/sim --out experiments/results/h200/fidelity [--only W...]
+      [--base tp=2]    # runs made with fidelity_runs --base tp=2 (priced as that layout)
 
 The rows of workloads not built this time (absent from --only, or without real records) stay as --out had them.
 """
@@ -18,10 +19,11 @@ import pandas as pd
 
 from experiments.compare_runs import compare, per_request_latencies
 from experiments.compose import compose_config
-from experiments.fidelity_runs import COST_MODELS, WORKLOADS, read_shapes
+from experiments.fidelity_runs import COST_MODELS, WORKLOADS
 from runtime.build import build_core
 from runtime.records_io import read_run
 from sim.predictor import build_cost_model
+from sim.step_shapes import read_shapes
 
 ROUND = 4
 
@@ -31,15 +33,18 @@ def step_kind(steps: pd.DataFrame) -> pd.Series:
     return pd.Series(np.where(prefill & decode, "mixed", np.where(prefill, "prefill", "decode")), index=steps.index)
 
 
-def predict_real_plans(name: str, cost: str, real_dir: Path, overlap: bool = True) -> np.ndarray:
-    """Device time (overlap) or whole step the cost model gives each step the real run planned."""
-    cfg = compose_config(["mode=sim", f"costmodel={cost}"] + WORKLOADS[name])
+def predict_real_plans(name: str, cost: str, real_dir: Path, overlap: bool = True,
+                       base: list[str] | None = None) -> np.ndarray:
+    """Device time (overlap) or whole step the cost model gives each step the real run planned; `base`:
+    the overrides every run had (e.g. its layout, tp=2)."""
+    cfg = compose_config(["mode=sim", f"costmodel={cost}"] + list(base or []) + WORKLOADS[name])
     model = build_cost_model(cfg, build_core(cfg))
     shapes = read_shapes(real_dir)
     return np.array([model.step_time_s(s) - (model.host_time_s(s) if overlap else 0.0) for s in shapes])
 
 
-def build(real_root: Path, sim_root: Path, names: list[str]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+def build(real_root: Path, sim_root: Path, names: list[str],
+          base: list[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     rows, step_frames, request_frames = [], [], []
     for name in names:
         real_dir = real_root / name
@@ -52,7 +57,7 @@ def build(real_root: Path, sim_root: Path, names: list[str]) -> tuple[pd.DataFra
         lat = per_request_latencies(real_req).assign(rid=real_req["rid"])
         request_frames.append(lat.assign(workload=name, source="real"))
         for cost in COST_MODELS:
-            predicted = predict_real_plans(name, cost, real_dir)
+            predicted = predict_real_plans(name, cost, real_dir, base=base)
             steps[f"{cost}_s"] = predicted
             err = np.abs(predicted / measured - 1.0)
             row = {"workload": name, "costmodel": cost, **compare(sim_root / cost / name, real_dir),
@@ -82,8 +87,9 @@ def main() -> None:
     parser.add_argument("--sim", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--only", nargs="*", default=list(WORKLOADS))
+    parser.add_argument("--base", nargs="*", default=[], help="the overrides of every run (as fidelity_runs --base)")
     args = parser.parse_args()
-    errors, steps, requests = build(args.real, args.sim, args.only)
+    errors, steps, requests = build(args.real, args.sim, args.only, args.base)
     args.out.mkdir(parents=True, exist_ok=True)
     errors, steps, requests = (keep_other_workloads(args.out / name, new) for name, new in
                                (("errors.csv", errors), ("steps.parquet", steps), ("requests.parquet", requests)))

@@ -15,13 +15,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from sim.step_shapes import STEP_SHAPES_FILE
+
 
 def decode_step_contexts(run_dir: str | Path) -> pd.DataFrame:
     """One row per decode-only step of the run: step_id, end_s, batch_size, decode_context_tokens (recorded) and
     contexts (the rebuilt per-request contexts, a list) with their sum; rows whose sum differs are kept."""
     run = Path(run_dir)
     steps = pd.read_parquet(run / "steps.parquet")
-    shapes = pd.read_parquet(run / "step_shapes.parquet").set_index("step_id")
+    shapes = pd.read_parquet(run / STEP_SHAPES_FILE).set_index("step_id")
     requests = pd.read_parquet(run / "requests.parquet")
     by_end: dict[float, list[int]] = defaultdict(list)
     for prompt, times in zip(requests["input_tokens"], requests["token_times_s"]):

@@ -17,9 +17,10 @@ import numpy as np
 import pandas as pd
 
 from experiments.compose import compose_config
-from experiments.fidelity_runs import ALL_WORKLOADS, QUIET, read_shapes
+from experiments.fidelity_runs import ALL_WORKLOADS, QUIET
 from runtime.build import build_core
 from sim.predictor import build_cost_model
+from sim.step_shapes import read_shapes
 
 ROOT = Path("experiments/results/h200/shared_decode")
 

@@ -39,12 +39,14 @@ class Driver(Protocol):
 class ModeRun:
     """What a mode hands `run_mode` once the core and the cost model exist: its summary's `mode`,
     the driver (around the mode's executor and `core.scheduler`), the summary fields only this mode
-    has (a function of the steps frame, called after the run), and a context the run goes inside."""
+    has (a function of the steps frame, called after the run), a context the run goes inside, and
+    what it writes into the run directory besides the records (called with it after them)."""
 
     mode: str
     driver: Driver
     summary_fields: Callable[[pd.DataFrame], dict] = field(default=lambda steps: {})
     context: Callable[[], AbstractContextManager] = nullcontext
+    write_extra: Callable[[Path], None] = field(default=lambda run_dir: None)
 
 
 MakeRun = Callable[[DictConfig, CoreComponents, CostModel], ModeRun]
@@ -72,7 +74,7 @@ def run_mode(cfg: DictConfig, make_run: MakeRun, out_dir: str | Path | None = No
     summary.update(run.summary_fields(steps))
     summary.update(checks)
     add_costmodel_summary(summary, cost_model)
-    publish(cfg, out_dir, requests, steps, summary)
+    run.write_extra(publish(cfg, out_dir, requests, steps, summary))
     return summary
 
 

@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 from runtime.build import decode_graph_batch_sizes, piecewise_graph_tokens
 from runtime.core.batch import StepPlan
 from sim.costmodel.base import CostModel, StepShape
+from sim.step_shapes import shape_row
 
 
 def runtime_graph_limits(cfg: DictConfig) -> dict:
@@ -54,11 +55,15 @@ def dp_attention_cost_model(cfg: DictConfig, core):
     return DPAttentionCostModel(make_cost_model, core.model, core.hardware, core.layout, graph_batch_sizes=sizes)
 
 
-def step_predictor(cost_model: CostModel, overlap: bool) -> Callable[[StepPlan], float]:
+def step_predictor(cost_model: CostModel, overlap: bool,
+                   shapes: list[dict] | None = None) -> Callable[[StepPlan], float]:
     """Predicted duration of a step as the simulator would time it: the whole step, or under
-    overlap scheduling its device part (the host part runs while the previous step executes)."""
+    overlap scheduling its device part (the host part runs while the previous step executes).
+    `shapes`: each predicted step's shape row (sim.step_shapes) is appended to it."""
     def predict(plan: StepPlan) -> float:
         shape = StepShape.from_plan(plan)
+        if shapes is not None:
+            shapes.append(shape_row(plan.step_id, shape))
         total = cost_model.step_time_s(shape)
         return total - cost_model.host_time_s(shape) if overlap else total
     return predict

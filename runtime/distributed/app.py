@@ -42,6 +42,7 @@ from runtime.distributed.worker import LeaderResult, RankTask
 from runtime.driver import all_at_once
 from runtime.metrics import step_prediction_error, summarize
 from runtime.run_mode import publish
+from sim.step_shapes import write_step_shapes
 
 DEFAULT_TIMEOUT_S = 600.0
 
@@ -227,6 +228,17 @@ def merged_records(results: dict[int, LeaderResult], dp: int) -> tuple[pd.DataFr
     return requests, steps
 
 
+def merged_shapes(results: dict[int, LeaderResult], steps: pd.DataFrame, dp: int) -> pd.DataFrame | None:
+    """The replicas' step shapes in the merged steps' row order (with their `replica` column when dp > 1),
+    or None where a leader recorded none (DP attention)."""
+    if any(r.shapes is None for r in results.values()):
+        return None
+    if dp == 1:
+        return results[0].shapes
+    shapes = pd.concat([results[r].shapes.assign(replica=r) for r in range(dp)], ignore_index=True)
+    return steps[["replica", "step_id"]].merge(shapes, on=["replica", "step_id"], how="left")
+
+
 def run_real_distributed(cfg: DictConfig, out_dir: str | Path | None = None) -> dict:
     """`mode=real` with tp * dp > 1 (or nnodes > 1): writes the same records and summary as one GPU;
     with dp > 1 merged over the replicas with a `replica` column and a `dp` summary section."""
@@ -261,9 +273,12 @@ def run_real_distributed(cfg: DictConfig, out_dir: str | Path | None = None) -> 
             # rounds every GPU replayed one decode graph (padded to the agreed size), per attention rank
             summary["dp"]["graph_steps_per_replica"] = [results[r].facts["graph_steps"] for r in range(dp)]
     # the stall check ran on every leader (RealDriver.serve); leaked slots come summed from their facts
-    publish(cfg, out_dir, requests, steps, summary,
+    run_dir = publish(cfg, out_dir, requests, steps, summary,
             note=f"tp={core_layout.tp} ep={core_layout.ep} dp={dp}"
                  f"{' dp_attention' if dp_attention_active(core_layout) else ''}: {len(pids)} ranks ({facts['device']} on rank 0)"
                  + (f"  router={summary['dp']['router']}  requests per replica {summary['dp']['requests_per_replica']}"
                     if dp > 1 else ""))
+    shapes = merged_shapes(results, steps, dp)
+    if shapes is not None:
+        write_step_shapes(run_dir, shapes)
     return summary

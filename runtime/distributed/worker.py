@@ -48,6 +48,7 @@ class LeaderResult:
     steps: Any                # pandas DataFrame (steps.parquet rows)
     facts: dict
     output_ids: dict | None = None   # rid -> generated token ids (tests)
+    shapes: Any = None        # pandas DataFrame (step_shapes.parquet rows); None under DP attention
 
 
 def rank_main(task: RankTask) -> None:
@@ -222,11 +223,14 @@ def lead(task: RankTask, cfg, core, runner, channel, ready, lockstep=None) -> Le
     from runtime.records_io import requests_frame, steps_frame
     from runtime.request_source import ReplaySource
     from sim.predictor import build_cost_model, dp_attention_cost_model, step_predictor
+    from sim.step_shapes import shapes_frame
 
     info = task.info
     executor = runner
+    shapes: list[dict] | None = None          # under DP attention a step's price needs every rank's shape
     if lockstep is None:
-        predict = step_predictor(build_cost_model(cfg, core), overlap=bool(cfg.overlap))
+        shapes = []
+        predict = step_predictor(build_cost_model(cfg, core), overlap=bool(cfg.overlap), shapes=shapes)
     else:
         executor = LockstepExecutor(runner, lockstep)
         predict = executor.predictor(dp_attention_cost_model(cfg, core))
@@ -256,4 +260,5 @@ def lead(task: RankTask, cfg, core, runner, channel, ready, lockstep=None) -> Le
                      graph_steps=lockstep.graph_steps)
     outputs = ({r.rid: list(r.output_ids) for r in outcome.requests}
                if task.collect_output_ids else None)
-    return LeaderResult(info.replica, requests_frame(outcome.requests), steps_frame(outcome.steps), facts, outputs)
+    return LeaderResult(info.replica, requests_frame(outcome.requests), steps_frame(outcome.steps), facts, outputs,
+                        shapes_frame(shapes) if shapes is not None else None)

@@ -78,7 +78,11 @@ def test_dp_replicas_behind_each_router_finish_every_request(router, tmp_path):
     assert (requests["output_tokens"] == 10).all() and summary["leaked_kv_slots"] == 0
     assert summary["dp"]["router"].lower().startswith(router.replace("_", ""))
     assert sum(summary["dp"]["requests_per_replica"]) == len(expected)
-    assert set(requests["replica"]) <= {0, 1} and set(pd.read_parquet(tmp_path / "steps.parquet")["replica"]) == {0, 1}
+    steps = pd.read_parquet(tmp_path / "steps.parquet")
+    assert set(requests["replica"]) <= {0, 1} and set(steps["replica"]) == {0, 1}
+    shapes = pd.read_parquet(tmp_path / "step_shapes.parquet")             # in the merged steps' order
+    assert shapes[["replica", "step_id"]].equals(steps[["replica", "step_id"]])
+    assert (shapes["num_decode_reqs"] + shapes["extend_new_tokens"].map(len) == steps["batch_size"]).all()
     if router == "round_robin":
         assert summary["dp"]["requests_per_replica"] == [3, 3]
     pids = json.loads((tmp_path / "ranks.json").read_text())
@@ -96,6 +100,9 @@ def test_tp2_run_writes_the_one_gpu_records(tmp_path):
         assert list(one.columns) == list(two.columns) and (one.dtypes == two.dtypes).all()
     steps = pd.read_parquet(tmp_path / "tp2" / "steps.parquet")
     assert steps["predicted_s"].notna().all()        # the twin priced each step for tp=2
+    shapes = pd.read_parquet(tmp_path / "tp2" / "step_shapes.parquet")     # and recorded its shape beside it
+    assert shapes["step_id"].tolist() == steps["step_id"].tolist()
+    assert (shapes["num_decode_reqs"] + shapes["extend_new_tokens"].map(len) == steps["batch_size"]).all()
 
 
 def _alive(pid: int) -> bool:

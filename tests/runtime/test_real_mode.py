@@ -20,6 +20,8 @@ from sim.app import run_sim  # noqa: E402
 from sim.costmodel.replay import ReplayCostModel  # noqa: E402
 from sim.driver import SimDriver  # noqa: E402
 from sim.executor import SimExecutor  # noqa: E402
+from sim.predictor import build_cost_model  # noqa: E402
+from sim.step_shapes import STEP_SHAPES_FILE, read_shapes  # noqa: E402
 
 TINY = ["model=tiny_mla_moe", "hardware=cpu", "real.device=cpu", "real.dtype=float32", "progress=false",
         "print_summary=false", "workload.num_groups=3", "workload.prompts_per_group=4",
@@ -143,6 +145,13 @@ def test_real_runs_record_the_simulators_prediction_per_step(tmp_path):
     assert steps["predicted_s"].notna().all() and (steps["predicted_s"] > 0).all()
     error = summary["step_prediction_error"]
     assert error["num_steps"] == len(steps) and 0 <= error["median"] <= error["p90"]
+    # every step's shape beside it: the run's own cost model prices the recorded shapes as it priced the steps
+    cfg = compose_config(["mode=real"] + TINY)
+    shapes = read_shapes(tmp_path / "real")
+    assert pd.read_parquet(tmp_path / "real" / STEP_SHAPES_FILE)["step_id"].tolist() == steps["step_id"].tolist()
+    model = build_cost_model(cfg, build_core(cfg))
+    repriced = [model.step_time_s(s) - (model.host_time_s(s) if cfg.overlap else 0.0) for s in shapes]
+    assert repriced == pytest.approx(steps["predicted_s"].tolist(), rel=1e-12)
     sim_steps = run_sim(compose_config(["mode=sim"] + TINY), out_dir=tmp_path / "sim")
     sim = pd.read_parquet(tmp_path / "sim" / "steps.parquet")
     assert sim_steps["num_steps"] == len(sim)

@@ -1,0 +1,30 @@
+"""experiments.fidelity_runs over a layout of several GPUs (`--base tp=2`: `mode=real` per workload, its ranks
+on CPU with gloo here) writes what experiments.fidelity_table scores, and the table prices the real plans as
+that layout: its re-pricing equals the predictions the run recorded with the same cost model."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+pytest.importorskip("torch")
+
+from experiments.fidelity_runs import run_real, run_sims  # noqa: E402
+from experiments.fidelity_table import build  # noqa: E402
+
+BASE = ["model=tiny_mla_moe", "hardware=cpu", "real.device=cpu", "real.dtype=float32", "real.as_fast_as_possible=true",
+        "kv.capacity_tokens=3000", "costmodel=roofline", "workload.num_groups=2", "workload.prompts_per_group=3",
+        "workload.system_prompt_len=40", "workload.question_len=12", "workload.output_len=10"]
+
+
+def test_a_tp2_layout_is_run_and_scored_as_that_layout(tmp_path):
+    base = BASE + ["tp=2"]
+    run_real(tmp_path / "real", ["shared_prefix_lpm"], base)
+    run_dir = tmp_path / "real" / "shared_prefix_lpm"
+    real_steps = pd.read_parquet(run_dir / "steps.parquet")
+    assert pd.read_parquet(run_dir / "step_shapes.parquet")["step_id"].tolist() == real_steps["step_id"].tolist()
+    run_sims(tmp_path / "sim", ["shared_prefix_lpm"], base)
+    errors, steps, _ = build(tmp_path / "real", tmp_path / "sim", ["shared_prefix_lpm"], base)
+    assert len(errors) == 3 and len(steps) == len(real_steps)
+    assert steps["roofline_s"].tolist() == pytest.approx(real_steps["predicted_s"].tolist(), rel=1e-12)
+    one_gpu = build(tmp_path / "real", tmp_path / "sim", ["shared_prefix_lpm"], BASE)[1]   # priced as tp=1
+    assert one_gpu["roofline_s"].tolist() != pytest.approx(real_steps["predicted_s"].tolist(), rel=1e-6)
