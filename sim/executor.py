@@ -158,7 +158,8 @@ class SimExecutor:
         shared = plan.decode_shared_tokens           # the batch's: constant over the run
         if shared is None:
             shared = shared_prefix_tokens(it.request for it in plan.items)
-        return self.cost_model.decode_times_s(num_reqs, context, shared)
+        first_lens = np.fromiter((it.context_tokens + first_step for it in plan.items), dtype=np.int64, count=num_reqs)
+        return self.cost_model.decode_times_s(num_reqs, context, shared, first_lens)
 
     def decode_tokens(self, plan: StepPlan, num_steps: int) -> list[list[int]]:
         out = []

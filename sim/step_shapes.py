@@ -15,12 +15,13 @@ STEP_SHAPES_FILE = "step_shapes.parquet"
 def shape_row(step_id: int, shape: StepShape) -> dict:
     return {"step_id": step_id, "extend_new_tokens": list(shape.extend_new_tokens),
             "extend_prefix_tokens": list(shape.extend_prefix_tokens), "num_decode_reqs": shape.num_decode_reqs,
-            "decode_context_tokens": shape.decode_context_tokens, "decode_shared_tokens": shape.decode_shared_tokens}
+            "decode_context_tokens": shape.decode_context_tokens, "decode_shared_tokens": shape.decode_shared_tokens,
+            "decode_context_lens": list(shape.decode_context_lens)}
 
 
 def shapes_frame(rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["step_id", "extend_new_tokens", "extend_prefix_tokens", "num_decode_reqs",
-                                       "decode_context_tokens", "decode_shared_tokens"])
+                                       "decode_context_tokens", "decode_shared_tokens", "decode_context_lens"])
 
 
 def write_step_shapes(run_dir: str | Path, shapes: pd.DataFrame) -> None:
@@ -32,6 +33,9 @@ def read_shapes(run_dir: str | Path) -> list[StepShape]:
     frame = pd.read_parquet(Path(run_dir) / STEP_SHAPES_FILE)
     if "decode_shared_tokens" not in frame:       # recorded before shared prefixes were priced
         frame["decode_shared_tokens"] = 0
+    if "decode_context_lens" not in frame:        # recorded before per-request lengths were
+        frame["decode_context_lens"] = [()] * len(frame)
     return [StepShape(tuple(int(x) for x in r.extend_new_tokens), tuple(int(x) for x in r.extend_prefix_tokens),
-                      int(r.num_decode_reqs), int(r.decode_context_tokens), int(r.decode_shared_tokens))
+                      int(r.num_decode_reqs), int(r.decode_context_tokens), int(r.decode_shared_tokens),
+                      tuple(int(x) for x in r.decode_context_lens))
             for r in frame.itertuples(index=False)]

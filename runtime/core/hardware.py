@@ -16,7 +16,8 @@ class HardwareSpec:
     - memory_bytes: total device memory as the driver reports it (nvidia-smi's MiB * 2**20);
     - nvlink_bandwidth_bytes_per_s: one GPU's NVLink bandwidth in one direction;
     - kernel_launch_s: host cost of launching one kernel eagerly (PyTorch dispatch included);
-    - cuda_graph_launch_s: host cost of replaying one captured CUDA graph.
+    - cuda_graph_launch_s: host cost of replaying one captured CUDA graph;
+    - num_sms: streaming multiprocessors (attention kernels split a step's work over them).
     """
 
     name: str
@@ -28,6 +29,7 @@ class HardwareSpec:
     num_gpus_per_node: int = 8
     kernel_launch_s: float = 8e-6
     cuda_graph_launch_s: float = 30e-6
+    num_sms: int = 0                  # 0: not known (attention's work split over the SMs not priced)
 
     def __post_init__(self) -> None:
         for key in ("memory_bytes", "hbm_bandwidth_bytes_per_s", "peak_bf16_flops",
@@ -37,6 +39,8 @@ class HardwareSpec:
                     f"hardware {self.name}: {key} must be > 0, got {getattr(self, key)}")
         if self.kernel_launch_s < 0 or self.cuda_graph_launch_s < 0:
             raise ValueError(f"hardware {self.name}: launch costs must be >= 0")
+        if self.num_sms < 0:
+            raise ValueError(f"hardware {self.name}: num_sms must be >= 0, got {self.num_sms}")
 
     def peak_flops(self, dtype: str) -> float:
         """Dense matrix FLOP/s for operands of `dtype` (float32 runs as TF32: half of bf16)."""

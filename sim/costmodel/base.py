@@ -24,7 +24,10 @@ class StepShape:
     decode_context_tokens   sum over decode items of the KV length attended (prefix + 1);
     decode_shared_tokens    of those, tokens another decode item of the step reads too (radix-cache
                             prefixes held by several requests), counted once per extra reader: the
-                            step reads decode_context_tokens - decode_shared_tokens distinct KV tokens.
+                            step reads decode_context_tokens - decode_shared_tokens distinct KV tokens;
+    decode_context_lens     a decode-only step's KV length per decode item in batch order (summing to
+                            decode_context_tokens), or () where not known: how attention splits the
+                            step's work over the GPU depends on them (sim/costmodel/mla_kv_split.py).
     """
 
     extend_new_tokens: tuple[int, ...] = ()
@@ -32,6 +35,7 @@ class StepShape:
     num_decode_reqs: int = 0
     decode_context_tokens: int = 0
     decode_shared_tokens: int = 0
+    decode_context_lens: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.extend_new_tokens) != len(self.extend_prefix_tokens):
@@ -42,13 +46,18 @@ class StepShape:
         if not 0 <= self.decode_shared_tokens <= self.decode_context_tokens - self.num_decode_reqs:
             raise ValueError(f"decode shared tokens {self.decode_shared_tokens} outside [0, "
                              f"{self.decode_context_tokens - self.num_decode_reqs}] (context less one token each)")
+        if self.decode_context_lens and (len(self.decode_context_lens) != self.num_decode_reqs
+                                         or sum(self.decode_context_lens) != self.decode_context_tokens):
+            raise ValueError(f"decode_context_lens ({len(self.decode_context_lens)} lengths summing to "
+                             f"{sum(self.decode_context_lens)}) do not match {self.num_decode_reqs} decode requests "
+                             f"attending {self.decode_context_tokens} tokens")
 
     @classmethod
     def from_plan(cls, plan: StepPlan) -> "StepShape":
         if plan.mode is ForwardMode.DECODE:           # one pass: every item decodes one token
-            n = len(plan.items)
-            return cls(num_decode_reqs=n, decode_context_tokens=sum(it.num_prefix_tokens for it in plan.items) + n,
-                       decode_shared_tokens=cls._shared_tokens(plan, plan.items))
+            lens = tuple(it.num_prefix_tokens + 1 for it in plan.items)
+            return cls(num_decode_reqs=len(lens), decode_context_tokens=sum(lens),
+                       decode_shared_tokens=cls._shared_tokens(plan, plan.items), decode_context_lens=lens)
         extends = [it for it in plan.items if not it.is_decode]
         decodes = [it for it in plan.items if it.is_decode]
         return cls(
@@ -114,12 +123,14 @@ class CostModel(Protocol):
         whose launch-bound share launch_bound_s already prices)."""
         ...
 
-    def decode_times_s(self, num_reqs: int, context_tokens: np.ndarray, shared_tokens: int = 0) -> np.ndarray:
+    def decode_times_s(self, num_reqs: int, context_tokens: np.ndarray, shared_tokens: int = 0,
+                       first_context_lens: np.ndarray | None = None) -> np.ndarray:
         """Durations of consecutive decode-only steps of one batch of `num_reqs` requests,
         where context_tokens[j] is the step-j sum of KV lengths, `shared_tokens` of them read by
-        several requests (the batch's shared prefixes; constant while the batch is). Element j must equal
-        step_time_s(StepShape(num_decode_reqs=num_reqs, decode_context_tokens=context_tokens[j],
-                              decode_shared_tokens=shared_tokens))."""
+        several requests (the batch's shared prefixes; constant while the batch is), and, where given,
+        first_context_lens [num_reqs] the step-0 KV length of each request (step j: j more each). Element j
+        must equal step_time_s(StepShape(num_decode_reqs=num_reqs, decode_context_tokens=context_tokens[j],
+        decode_shared_tokens=shared_tokens, decode_context_lens=first_context_lens + j (or ())))."""
         ...
 
     def breakdown_s(self, shape: StepShape) -> dict[str, float]:

@@ -28,6 +28,7 @@ from runtime.core.layout import ParallelLayout
 from runtime.core.mla_form import mla_attends_as_mha
 from runtime.core.model_spec import ModelSpec
 from sim.costmodel.base import CostModel, StepShape
+from sim.costmodel.mla_kv_split import KVSplitExcess, num_clusters
 from sim.costmodel.profile_host import HostTable
 from sim.costmodel.profile_launch import LaunchTable
 from sim.costmodel.shared_reads import fit_shared_read_fraction
@@ -37,6 +38,21 @@ from sim.costmodel.profile_tables import (
 from sim.costmodel.profile_layouts import profile_for_layout
 
 FORMS = ("mha", "absorbed")
+
+
+DECODE_KV_SPLITS = ("flashinfer_mla", "none")
+
+
+def decode_kv_split_model(kind: str, model: ModelSpec, hardware: HardwareSpec, layout: ParallelLayout,
+                          graph_rows: pd.DataFrame) -> "KVSplitExcess | None":
+    """The decode steps' attention split (`decode_kv_split`): FlashInfer's MLA plan for MLA models on a GPU
+    whose SMs are known, fitted to the profile's graph-replayed decode rows; None otherwise ('none')."""
+    if kind not in DECODE_KV_SPLITS:
+        raise ValueError(f"decode_kv_split={kind!r}: expected one of {', '.join(DECODE_KV_SPLITS)}")
+    if kind == "none" or not model.is_mla or hardware.num_sms <= 0:
+        return None
+    heads = model.num_attention_heads // max(layout.tp, 1)            # per rank: the plan's packed query rows
+    return KVSplitExcess.fit(graph_rows, num_clusters(hardware.num_sms, heads))
 
 
 def equivalent_prefix(tokens: float, pairs: float) -> float:
@@ -51,7 +67,7 @@ class ProfiledCostModel:
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, layout: ParallelLayout,
                  fallback: Callable[..., CostModel], profile: str = "auto", cuda_graph: bool = True,
                  cuda_graph_max_bs: int | None = None, default_graph_max_bs: int = 1024,
-                 piecewise_max_tokens: int | None = None) -> None:
+                 piecewise_max_tokens: int | None = None, decode_kv_split: str = "flashinfer_mla") -> None:
         # the profile of this layout's replicas (tp/ep); pp, DP attention and unprofiled layouts refused
         directory = profile_for_layout(hardware.name, model.name, layout, profile)
         self.directory, self.model = directory, model
@@ -62,6 +78,7 @@ class ProfiledCostModel:
         decode = pd.read_csv(directory / "decode.csv")
         self.graph = DecodeTable(decode[decode["path"] == "graph"]) if cuda_graph else DecodeTable(decode.iloc[:0])
         self.eager = DecodeTable(decode[decode["path"] == "eager"])
+        self.kv_split = decode_kv_split_model(decode_kv_split, model, hardware, layout, decode[decode["path"] == "graph"])
         limit = cuda_graph_max_bs if cuda_graph_max_bs is not None else default_graph_max_bs
         self.graph_max_bs = limit if (cuda_graph and self.graph) else 0
         self.capture_sizes = capture_batch_sizes(limit) if self.graph_max_bs else []
@@ -143,12 +160,14 @@ class ProfiledCostModel:
             cached = self._bound_cache[key] = min(bound, max(self.launch_time_s(shape) - alone, 0.0))
         return cached
 
-    def decode_times_s(self, num_reqs: int, context_tokens: np.ndarray, shared_tokens: int = 0) -> np.ndarray:
+    def decode_times_s(self, num_reqs: int, context_tokens: np.ndarray, shared_tokens: int = 0,
+                       first_context_lens: np.ndarray | None = None) -> np.ndarray:
         host = self._decode_host_cache.get(num_reqs)     # independent of the context: one per batch size
         if host is None:
             host = self._decode_host_cache[num_reqs] = self.host_time_s(
                 StepShape(num_decode_reqs=num_reqs, decode_context_tokens=num_reqs))
-        return self._decode_s(num_reqs, np.asarray(context_tokens, dtype=np.float64), shared_tokens) + host
+        return self._decode_s(num_reqs, np.asarray(context_tokens, dtype=np.float64), shared_tokens,
+                              first_context_lens) + host
 
     def breakdown_s(self, shape: StepShape) -> dict[str, float]:
         return {"device": self.device_time_s(shape), "host": self.host_time_s(shape)}
@@ -163,8 +182,9 @@ class ProfiledCostModel:
     # -- device time --------------------------------------------------------------------
     def device_time_s(self, shape: StepShape) -> float:
         if shape.is_decode_only:
+            lens = np.array(shape.decode_context_lens, dtype=np.int64) if shape.decode_context_lens else None
             return float(self._decode_s(shape.num_decode_reqs, np.array([float(shape.decode_context_tokens)]),
-                                        shape.decode_shared_tokens)[0])
+                                        shape.decode_shared_tokens, lens)[0])
         if not shape.extend_new_tokens and not shape.num_decode_reqs:
             return 0.0
         key = (shape.extend_new_tokens, shape.extend_prefix_tokens, shape.num_decode_reqs, shape.decode_context_tokens)
@@ -176,7 +196,12 @@ class ProfiledCostModel:
             self.fallbacks["prefill"] += 1
         return cached[0]
 
-    def _decode_s(self, num_reqs: int, context: np.ndarray, shared: int = 0) -> np.ndarray:
+    def _decode_s(self, num_reqs: int, context: np.ndarray, shared: int = 0,
+                  first_lens: np.ndarray | None = None) -> np.ndarray:
+        """Times [k] of k consecutive decode steps whose KV lengths sum to context[j]: the table at the
+        padded batch (equal contexts of the sum), plus where the requests' own lengths are known
+        (`first_lens`, step 0; one more each step) how much longer or shorter the attention's split of
+        their work over the GPU runs than that of equal ones."""
         self.num_priced += len(context)
         if shared:           # priced as the context of private KV that costs the same
             context = context - (1.0 - self.shared_read_fraction) * shared
@@ -191,6 +216,8 @@ class ProfiledCostModel:
             self.fallbacks["decode"] += int((~inside).sum())
             for j in np.flatnonzero(~inside):
                 times[j] = self._decode_fallback(table, batch, float(context[j]))
+        if self.kv_split is not None and first_lens is not None:
+            times = times + self.kv_split.excess_s(first_lens, batch, len(times))
         return times
 
     def _decode_fallback(self, table: DecodeTable, batch: int, context: float) -> float:

@@ -34,7 +34,8 @@ class ReplayCostModel:
     def device_waits_for_launch(self, shape: StepShape) -> bool:
         return False    # the recorded durations already hold any wait for a launch
 
-    def decode_times_s(self, num_reqs: int, context_tokens: np.ndarray, shared_tokens: int = 0) -> np.ndarray:
+    def decode_times_s(self, num_reqs: int, context_tokens: np.ndarray, shared_tokens: int = 0,
+                       first_context_lens: np.ndarray | None = None) -> np.ndarray:
         return np.array([self.step_time_s(None) for _ in range(len(context_tokens))])  # type: ignore[arg-type]
 
     def breakdown_s(self, shape: StepShape) -> dict[str, float]:

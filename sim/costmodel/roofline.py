@@ -153,7 +153,8 @@ class RooflineCostModel:
         return (self.cuda_graph and shape.is_decode_only
                 and (self.cuda_graph_max_bs is None or shape.num_decode_reqs <= self.cuda_graph_max_bs))
 
-    def decode_times_s(self, num_reqs: int, context_tokens: np.ndarray, shared_tokens: int = 0) -> np.ndarray:
+    def decode_times_s(self, num_reqs: int, context_tokens: np.ndarray, shared_tokens: int = 0,
+                       first_context_lens: np.ndarray | None = None) -> np.ndarray:
         ctx = np.asarray(context_tokens, dtype=np.float64)
         return self._total_s((), (), int(num_reqs), ctx, shared_tokens)
 
