@@ -62,10 +62,10 @@ def test_the_rate_is_fitted_back_from_a_table_made_with_it():
     fitted = KVSplitExcess.fit(rows, 132)
     assert fitted is not None and fitted.seconds_per_token == pytest.approx(0.8e-6, rel=1e-9)
     assert KVSplitExcess.fit(rows.assign(device_s=0.01), 132) is None          # no rate: no correction
-    spread = np.array([30000, 500, 500, 500])
-    excess = fitted.excess_s(spread, 8, 3)                                     # 4 requests padded to 8 rows
-    for j in range(3):
-        step = np.concatenate([spread + j, np.ones(4, dtype=np.int64)])
+    spread = np.array([30000, 500, 500, 530])
+    excess = fitted.excess_s(spread, 8, 40)                                    # 4 requests padded to 8 rows
+    for j in range(40):                # lengths taken down by the shortest one's remainder modulo 32 (500 + j)
+        step = np.concatenate([spread + j - (500 + j) % 32, np.ones(4, dtype=np.int64)])
         want = 0.8e-6 * (makespan_tokens(step, 132) - makespan_tokens(equal_split(int(step.sum()), 8), 132))
         assert excess[j] == pytest.approx(want, rel=1e-9)
 
@@ -85,11 +85,13 @@ def test_a_decode_step_is_priced_by_its_own_lengths_alone_or_in_a_run():
     shape = StepShape(num_decode_reqs=n, decode_context_tokens=sum(lens), decode_context_lens=lens)
     equal = StepShape(num_decode_reqs=n, decode_context_tokens=sum(lens))
     extra = model.kv_split.excess_s(np.array(lens), n, 1)[0]
-    assert extra == pytest.approx(model.kv_split.seconds_per_token * (330 - 299), rel=1e-12) and extra > 0
+    shifted = np.array(lens) - min(lens) % 32                                  # 1354 % 32 = 10 tokens off each
+    spans = makespan_tokens(shifted, 132), makespan_tokens(equal_split(int(shifted.sum()), n), 132)
+    assert extra == pytest.approx(model.kv_split.seconds_per_token * (spans[0] - spans[1]), rel=1e-12) and extra > 0
     assert model.device_time_s(shape) == pytest.approx(model.device_time_s(equal) + extra, rel=1e-12)
     assert plain.device_time_s(shape) == plain.device_time_s(equal)
-    run = model.decode_times_s(n, sum(lens) + n * np.arange(5), 0, np.array(lens))
-    for j in range(5):
+    run = model.decode_times_s(n, sum(lens) + n * np.arange(70), 0, np.array(lens))
+    for j in range(70):
         step = tuple(length + j for length in lens)
         alone = model.step_time_s(StepShape(num_decode_reqs=n, decode_context_tokens=sum(step), decode_context_lens=step))
         assert run[j] == alone                       # float for float: fast-forward runs stay exact
