@@ -2,7 +2,8 @@
 makespan in KV tokens: the longest any one SM works. Equal contexts of the same sum can split worse or
 better than a step's real ones, and the split follows the batch in steps (DeepSeek-V2-Lite on an H200 at
 16k contexts: batch 48 has every SM work 10,240 tokens, 64 8,192, 72 16,384; measured 17.9, 17.1 and
-23.3 ms), so the profiled model prices a decode step's attention by the makespan of its own contexts.
+23.3 ms): with `costmodel.decode_kv_split=flashinfer_mla` the profiled model prices a decode step's
+attention by the makespan of its own contexts.
 Torch-free (numpy, pandas, heapq).
 
 The plan (FlashInfer's MLAPlan, one query token per request, few heads: one CTA per SM): a chunk limit
@@ -66,19 +67,13 @@ def num_clusters(num_sms: int, heads_per_rank: int) -> int:
     return num_sms // (2 if heads_per_rank > 64 else 1)
 
 
-LENGTH_QUANTUM = 32   # tokens: a step's lengths are taken down by (shortest % this) before the plan is replayed
-
-
 class KVSplitExcess:
     """Decode attention's time beyond that of equal contexts: `seconds_per_token` times the makespan of a
     step's own KV lengths less that of equal lengths of the same sum over the same (padded) rows. The rate
     is fitted to the profile's decode steps (equal contexts): within each batch size, the step time against
     its makespan, least squares over the batch sizes with points at several makespans (DeepSeek-V2-Lite on
-    an H200: 0.87 us a token; the steps' time then departs from the fit by 3% rms).
-
-    Every request's length is first taken down by the shortest one's remainder modulo LENGTH_QUANTUM (under
-    32 tokens, a few hundredths of a millisecond of makespan): the steps of a decode run, whose lengths all
-    grow by one a step, then share one plan replay per 32 steps, and a step alone is priced the same way."""
+    an H200: 0.87 us a token; the steps' time then departs from the fit by 3% rms). Every step replays the
+    plan (the makespan is a step function of the lengths: a few tokens more can move a chunk boundary)."""
 
     def __init__(self, clusters: int, seconds_per_token: float) -> None:
         self.clusters, self.seconds_per_token = clusters, seconds_per_token
@@ -106,15 +101,7 @@ class KVSplitExcess:
         lens[:first_lens.size] = first_lens
         real = np.zeros(rows, dtype=np.int64)
         real[:first_lens.size] = 1
-        shortest = int(first_lens.min())
-        if num_steps == 1:
-            return np.array([self._excess(lens - (shortest % LENGTH_QUANTUM) * real, rows)])
-        steps = np.arange(num_steps, dtype=np.int64)
-        shifts = steps - (shortest + steps) % LENGTH_QUANTUM   # [k] step j's lengths: first + shift
-        out = np.empty(num_steps, dtype=np.float64)
-        for shift in np.unique(shifts).tolist():
-            out[shifts == shift] = self._excess(lens + shift * real, rows)
-        return out
+        return np.array([self._excess(lens + j * real, rows) for j in range(num_steps)])
 
     def _excess(self, lens: np.ndarray, rows: int) -> float:
         spread = makespan_tokens(lens, self.clusters)

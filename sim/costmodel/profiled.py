@@ -67,7 +67,7 @@ class ProfiledCostModel:
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, layout: ParallelLayout,
                  fallback: Callable[..., CostModel], profile: str = "auto", cuda_graph: bool = True,
                  cuda_graph_max_bs: int | None = None, default_graph_max_bs: int = 1024,
-                 piecewise_max_tokens: int | None = None, decode_kv_split: str = "flashinfer_mla") -> None:
+                 piecewise_max_tokens: int | None = None, decode_kv_split: str = "none") -> None:
         # the profile of this layout's replicas (tp/ep); pp, DP attention and unprofiled layouts refused
         directory = profile_for_layout(hardware.name, model.name, layout, profile)
         self.directory, self.model = directory, model

@@ -64,8 +64,8 @@ def test_the_rate_is_fitted_back_from_a_table_made_with_it():
     assert KVSplitExcess.fit(rows.assign(device_s=0.01), 132) is None          # no rate: no correction
     spread = np.array([30000, 500, 500, 530])
     excess = fitted.excess_s(spread, 8, 40)                                    # 4 requests padded to 8 rows
-    for j in range(40):                # lengths taken down by the shortest one's remainder modulo 32 (500 + j)
-        step = np.concatenate([spread + j - (500 + j) % 32, np.ones(4, dtype=np.int64)])
+    for j in range(40):
+        step = np.concatenate([spread + j, np.ones(4, dtype=np.int64)])
         want = 0.8e-6 * (makespan_tokens(step, 132) - makespan_tokens(equal_split(int(step.sum()), 8), 132))
         assert excess[j] == pytest.approx(want, rel=1e-9)
 
@@ -78,16 +78,14 @@ def mla_model(**kw) -> ProfiledCostModel:
 
 
 def test_a_decode_step_is_priced_by_its_own_lengths_alone_or_in_a_run():
-    model, plain = mla_model(), mla_model(decode_kv_split="none")
+    model, plain = mla_model(decode_kv_split="flashinfer_mla"), mla_model()   # the default: none
     assert model.kv_split is not None and plain.kv_split is None
     lens = (1484, 520, 2824, 1759, 2329, 2875, 1834, 2149, 2576, 2941, 1610, 1724, 2006, 2950, 1354, 2511)
     n = len(lens)                                    # 16, a capture size: no padding rows; 330 vs 299 tokens
     shape = StepShape(num_decode_reqs=n, decode_context_tokens=sum(lens), decode_context_lens=lens)
     equal = StepShape(num_decode_reqs=n, decode_context_tokens=sum(lens))
     extra = model.kv_split.excess_s(np.array(lens), n, 1)[0]
-    shifted = np.array(lens) - min(lens) % 32                                  # 1354 % 32 = 10 tokens off each
-    spans = makespan_tokens(shifted, 132), makespan_tokens(equal_split(int(shifted.sum()), n), 132)
-    assert extra == pytest.approx(model.kv_split.seconds_per_token * (spans[0] - spans[1]), rel=1e-12) and extra > 0
+    assert extra == pytest.approx(model.kv_split.seconds_per_token * (330 - 299), rel=1e-12) and extra > 0
     assert model.device_time_s(shape) == pytest.approx(model.device_time_s(equal) + extra, rel=1e-12)
     assert plain.device_time_s(shape) == plain.device_time_s(equal)
     run = model.decode_times_s(n, sum(lens) + n * np.arange(70), 0, np.array(lens))
@@ -99,3 +97,21 @@ def test_a_decode_step_is_priced_by_its_own_lengths_alone_or_in_a_run():
         mla_model(decode_kv_split="x")
     with pytest.raises(ValueError, match="decode_context_lens"):
         StepShape(num_decode_reqs=2, decode_context_tokens=10, decode_context_lens=(4, 5))
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_fast_forward_stays_exact_with_the_split_priced(tmp_path, overlap):
+    """The default model (DeepSeek-V2-Lite on the H200 profile) with decode_kv_split=flashinfer_mla: decode
+    runs, through finishes, give the records of stepping every decode one by one."""
+    from tests.sim.test_sim_runs import assert_same_records, simulate
+    base = ["workload=random", "workload.num_requests=50", "workload.request_rate=20", "workload.input_len=3000",
+            "workload.output_len=96", "costmodel=profiled", f"overlap={overlap}"]
+    split = base + ["costmodel.decode_kv_split=flashinfer_mla"]
+    on, dir_on = simulate(tmp_path, "on", split + ["sim.fast_forward=true"])
+    off, dir_off = simulate(tmp_path, "off", split + ["sim.fast_forward=false"])
+    plain, _ = simulate(tmp_path, "plain", base)
+    steps_on, steps_off = pd.read_parquet(dir_on / "steps.parquet"), pd.read_parquet(dir_off / "steps.parquet")
+    assert len(steps_on) == len(steps_off)
+    assert_same_records(steps_on, steps_off, pd.read_parquet(dir_on / "requests.parquet"),
+                        pd.read_parquet(dir_off / "requests.parquet"), overlap)
+    assert on["duration_s"] != plain["duration_s"]               # the split moved the run's times
