@@ -5,7 +5,7 @@ cost model can be scored later on the real plans). `--sim` runs `mode=sim` for e
 model instead (no GPU).
 
   python experiments/fidelity_runs.py --real --out /tmp/fidelity/real            # GPU
-  python experiments/fidelity_runs.py --real --out /tmp/fidelity/real_tp2 --base tp=2   # 2 GPUs: mode=real per workload
+  python experiments/fidelity_runs.py --real --out /tmp/fidelity/real_tp2 --base tp=2   # 2 GPUs: ranks spawned once
   python experiments/fidelity_runs.py --sim --out /tmp/fidelity/sim              # CPU: profiled + roofline
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 from hydra.utils import instantiate
 
 from experiments.compose import compose_config
-from runtime.build import build_core
+from runtime.build import build_core, leaked_slots
 from runtime.metrics import step_prediction_error, summarize
 from runtime.records_io import requests_frame, steps_frame, write_run
 from sim.predictor import build_cost_model, step_predictor
@@ -69,7 +69,8 @@ def run_real_workload(runner, overrides: list[str], out: Path) -> dict:
         outcome = driver.run(specs)
     requests, steps = requests_frame(outcome.requests), steps_frame(outcome.steps)
     summary = summarize(requests, steps, mode="real", wall_time_s=time.perf_counter() - started)
-    summary.update(kv_capacity_tokens=core.kv_capacity_tokens, step_prediction_error=step_prediction_error(steps),
+    summary.update(kv_capacity_tokens=core.kv_capacity_tokens, leaked_kv_slots=leaked_slots(core.scheduler),
+                   step_prediction_error=step_prediction_error(steps),
                    overrides=overrides, gc=pauses.summary())
     write_run(out, requests, steps, summary, plots=False)
     write_step_shapes(out, shapes_frame(shapes))
@@ -77,24 +78,77 @@ def run_real_workload(runner, overrides: list[str], out: Path) -> dict:
 
 
 def run_real(out: Path, names: list[str], base: list[str]) -> None:
-    """One runner for every workload on one GPU; a layout of several GPUs (`--base tp=2`) serves each
-    workload as `python run.py mode=real` does (its ranks spawned anew per workload), writing the same files."""
+    """One runner for every workload: in this process on one GPU; over a layout of several GPUs (`--base tp=2`)
+    its ranks are spawned once and the TP leader serves every workload through its runner (each step handed to
+    the group), as `mode=real` would serve each alone, writing the same files. DP layouts run `mode=real` per
+    workload (the router lives in the launching process)."""
     from runtime.app import run_real as run_mode_real
     from runtime.build import build_layout
     from runtime.engine.build_runner import build_model_runner
 
     cfg = compose_config(["mode=real"] + base + QUIET)
-    if build_layout(cfg).num_gpus > 1:
-        serve = lambda overrides, run_dir: run_mode_real(   # noqa: E731
-            compose_config(["mode=real", "costmodel=profiled"] + overrides + QUIET), out_dir=run_dir)
+    layout = build_layout(cfg)
+    if layout.num_gpus > 1 and layout.dp == 1:
+        summaries = run_on_ranks(cfg, out, names, base)
+    elif layout.num_gpus > 1:
+        summaries = {name: run_mode_real(compose_config(["mode=real", "costmodel=profiled"] + base + ALL_WORKLOADS[name]
+                                                        + QUIET), out_dir=out / name) for name in names}
     else:
         runner = build_model_runner(cfg, build_core(cfg))
         print(f"runner: load {runner.load_time_s:.1f} s, warm-up {runner.warmup_s:.1f} s", flush=True)
-        serve = lambda overrides, run_dir: run_real_workload(runner, overrides, run_dir)   # noqa: E731
-    for name in names:
-        s = serve(base + ALL_WORKLOADS[name], out / name)
-        print(f"{name}: {s['num_finished']} req, {s['duration_s']:.1f} s, TTFT p50 {s['ttft_s']['p50']} s, "
-              f"TPOT mean {s['tpot_s']['mean']} s, step error {s['step_prediction_error']}, gc {s.get('gc')}", flush=True)
+        summaries = {}
+        for name in names:
+            summaries[name] = run_real_workload(runner, base + ALL_WORKLOADS[name], out / name)
+            print_summary(name, summaries[name])
+        return
+    for name, summary in summaries.items():
+        print_summary(name, summary)
+
+
+def print_summary(name: str, s: dict) -> None:
+    print(f"{name}: {s['num_finished']} req, {s['duration_s']:.1f} s, TTFT p50 {s['ttft_s']['p50']} s, "
+          f"TPOT mean {s['tpot_s']['mean']} s, step error {s['step_prediction_error']}, gc {s.get('gc')}", flush=True)
+
+
+def run_on_ranks(cfg, out: Path, names: list[str], base: list[str]) -> dict[str, dict]:
+    """Spawn the layout's ranks once (runtime.distributed, as `mode=real` spawns them); the TP leader runs
+    `lead_workloads`, the others every step it launches. Returns each workload's summary. A rank that dies stops
+    the run naming it (RankFailed)."""
+    import dataclasses
+    import multiprocessing as mp
+
+    from runtime.distributed.app import check_layout, make_tasks, node_plan
+    from runtime.distributed.launch import RankProcesses
+    from runtime.profile.ranks import follow_steps
+
+    core = build_core(cfg)
+    check_layout(core, 1)
+    plan = node_plan(cfg, core)
+    context = mp.get_context("spawn")
+    tasks, out_queue = make_tasks(cfg, core, plan, context, out, False, None)
+    job = {"out": str(out), "names": list(names), "base": list(base)}
+    tasks = [dataclasses.replace(t, cfg={**t.cfg, "fidelity_job": job}, job=(lead_workloads, follow_steps))
+             for t in tasks]
+    procs = RankProcesses(tasks, out_queue, context)
+    results: dict[int, object] = {}
+    try:
+        procs.start()
+        while len(results) < len(tasks):
+            message = procs.next_message(None)      # raises RankFailed when a rank dies or fails
+            if message[0] == "done":
+                results[message[1]] = message[2]
+        procs.join()
+    finally:
+        procs.stop()
+    return results[next(t.info.rank for t in tasks if t.info.is_leader)]
+
+
+def lead_workloads(task, cfg, core, runner) -> dict[str, dict]:
+    """The TP leader (a spawned rank): every workload of the job through `runner`, whose launches reach the group;
+    each with a fresh scheduler, as the one-GPU path serves them."""
+    job = cfg.fidelity_job
+    base = list(job.base)
+    return {name: run_real_workload(runner, base + ALL_WORKLOADS[name], Path(job.out) / name) for name in job.names}
 
 
 def run_sims(out: Path, names: list[str], base: list[str]) -> None:

@@ -1,7 +1,10 @@
-"""experiments.fidelity_runs over a layout of several GPUs (`--base tp=2`: `mode=real` per workload, its ranks
-on CPU with gloo here) writes what experiments.fidelity_table scores, and the table prices the real plans as
-that layout: its re-pricing equals the predictions the run recorded with the same cost model."""
+"""experiments.fidelity_runs over a layout of several GPUs (`--base tp=2`: its ranks spawned once, on CPU with gloo
+here, the leader serving every workload with a fresh scheduler) writes what experiments.fidelity_table scores, and
+the table prices the real plans as that layout: its re-pricing equals the predictions the run recorded with the
+same cost model."""
 from __future__ import annotations
+
+import json
 
 import pandas as pd
 import pytest
@@ -18,7 +21,10 @@ BASE = ["model=tiny_mla_moe", "hardware=cpu", "real.device=cpu", "real.dtype=flo
 
 def test_a_tp2_layout_is_run_and_scored_as_that_layout(tmp_path):
     base = BASE + ["tp=2"]
-    run_real(tmp_path / "real", ["shared_prefix_lpm"], base)
+    run_real(tmp_path / "real", ["shared_prefix_lpm", "shared_prefix_fcfs"], base)
+    for name in ("shared_prefix_lpm", "shared_prefix_fcfs"):      # the second on the same ranks, a fresh scheduler
+        summary = json.loads((tmp_path / "real" / name / "summary.json").read_text())
+        assert summary["num_finished"] == 6 and summary["leaked_kv_slots"] == 0
     run_dir = tmp_path / "real" / "shared_prefix_lpm"
     real_steps = pd.read_parquet(run_dir / "steps.parquet")
     assert pd.read_parquet(run_dir / "step_shapes.parquet")["step_id"].tolist() == real_steps["step_id"].tolist()
