@@ -5,7 +5,8 @@ second of the simulation loop, best of --repeat runs (the trace is loaded once).
   python experiments/bench_sim_speed.py [overrides...]           # prints the row only
   python experiments/bench_sim_speed.py --write [overrides...]   # also appends it to RESULTS_CSV
   python experiments/bench_sim_speed.py --repeat 1 workload.num_requests=2000   # a quick slice
-  python experiments/bench_sim_speed.py kv.check_double_free=false   # without the allocator's double-free checks
+  python experiments/bench_sim_speed.py kv.slot_allocator=paged   # real slot indices (the default in mode=sim: counting)
+  python experiments/bench_sim_speed.py kv.slot_allocator=paged kv.check_double_free=false   # ... without double-free checks
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from pathlib import Path
 from hydra.utils import instantiate
 
 from experiments.compose import compose_config
-from runtime.build import build_core, leaked_slots
+from runtime.build import build_core, leaked_slots, slot_allocator_kind
 from sim.driver import SimDriver
 from sim.executor import SimExecutor
 from sim.gc_pause import gc_paused
@@ -63,7 +64,8 @@ def main() -> None:
         "fast_forward": bool(cfg.sim.fast_forward),
         "overlap": bool(cfg.overlap),
         "gc_paused": not args.gc,
-        "double_free_check": bool(cfg.kv.check_double_free),
+        "double_free_check": bool(cfg.kv.check_double_free) and slot_allocator_kind(cfg) == "paged",
+        "slot_allocator": slot_allocator_kind(cfg),
         "leaked_kv_slots": leaked,
         "overrides": " ".join(args.overrides),
         "machine": f"{platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}",

@@ -12,6 +12,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from runtime.core.cache.allocator import KVSlotAllocator
+from runtime.core.cache.counting_allocator import CountingSlotAllocator, SlotAllocator
 from runtime.core.cache.radix_cache import RadixCache
 from runtime.core.hardware import HardwareSpec
 from runtime.core.kv_manager import KVManager
@@ -100,10 +101,35 @@ def scheduler_config(cfg: DictConfig) -> SchedulerConfig:
                    init_new_token_ratio=min(1.0, config.init_new_token_ratio * 0.3))
 
 
+SLOT_ALLOCATORS = ("auto", "paged", "counting")
+
+
+def slot_allocator_kind(cfg: DictConfig) -> str:
+    """`kv.slot_allocator` resolved: "paged" or "counting". `auto` is counting where the slots
+    address nothing -- a simulating mode (`mode` from the `sim` package) -- and paged otherwise (the
+    real runtime indexes its KV tensors with the slots)."""
+    kind = str(cfg.kv.get("slot_allocator", "auto"))
+    if kind not in SLOT_ALLOCATORS:
+        raise ValueError(f"kv.slot_allocator must be one of {SLOT_ALLOCATORS}, got {kind!r}")
+    if kind != "auto":
+        return kind
+    mode = cfg.get("mode")
+    target = str(mode.get("_target_", "")) if mode is not None else ""
+    return "counting" if target.startswith("sim.") else "paged"
+
+
+def build_allocator(cfg: DictConfig, capacity_tokens: int) -> SlotAllocator:
+    """The KV slot allocator of one scheduler (`slot_allocator_kind`)."""
+    page_size = int(cfg.cache.page_size)
+    if slot_allocator_kind(cfg) == "counting":
+        return CountingSlotAllocator(capacity_tokens, page_size=page_size)
+    return KVSlotAllocator(capacity_tokens, page_size=page_size,
+                           check_double_free=bool(cfg.kv.get("check_double_free", True)))
+
+
 def build_scheduler(cfg: DictConfig, model: ModelSpec, capacity_tokens: int) -> Scheduler:
     page_size = int(cfg.cache.page_size)
-    allocator = KVSlotAllocator(capacity_tokens, page_size=page_size,
-                                check_double_free=bool(cfg.kv.get("check_double_free", True)))
+    allocator = build_allocator(cfg, capacity_tokens)
     cache = RadixCache(allocator, instantiate(cfg.eviction), page_size=page_size, enabled=bool(cfg.cache.enabled))
     config = scheduler_config(cfg)
     policy = instantiate(cfg.policy)

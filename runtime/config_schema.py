@@ -38,6 +38,8 @@ class KVSchema:
     mem_fraction_static: float = 0.88      # share of GPU memory for weights + KV pool (SGLang)
     capacity_tokens: Optional[int] = None  # override THE capacity function (small-pool experiments)
     check_double_free: bool = True         # false: the slot allocator skips its double-free checks (faster sim)
+    slot_allocator: str = "auto"           # paged | counting (free-page count only, no slot identities) | auto:
+                                           # counting in mode=sim (slots address nothing there), paged otherwise
 
 
 @dataclass

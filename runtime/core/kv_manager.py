@@ -9,7 +9,7 @@ import weakref
 
 import numpy as np
 
-from runtime.core.cache.allocator import KVSlotAllocator
+from runtime.core.cache.counting_allocator import SlotAllocator
 from runtime.core.cache.radix_cache import MatchResult, RadixCache, TreeNode
 from runtime.core.request import Request
 
@@ -19,7 +19,7 @@ class KVManager:
     private to the request; the first `num_locked_prefix_tokens` belong to the radix cache and are
     pinned by a lock on `req.cache_node`."""
 
-    def __init__(self, allocator: KVSlotAllocator, cache: RadixCache) -> None:
+    def __init__(self, allocator: SlotAllocator, cache: RadixCache) -> None:
         self.allocator = allocator
         self.cache = cache
         self.page_size = allocator.page_size

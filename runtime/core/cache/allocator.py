@@ -5,7 +5,7 @@ its KV tensors with them.
 """
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -221,6 +221,10 @@ class KVSlotAllocator:
         if repeated or not self._all_allocated(pages, firsts, lasts):
             self._raise_double_free(pages.tolist())
         self._push(pages)                                    # their bytes settle lazily
+
+    def free_parts(self, parts: Sequence[np.ndarray]) -> None:
+        """`free` of the slot arrays `parts` joined in the order given (one call, one check)."""
+        self.free(parts[0] if len(parts) == 1 else np.concatenate(parts))
 
     def _all_allocated(self, pages: np.ndarray, firsts: np.ndarray | None, lasts: np.ndarray | None) -> bool:
         """Whether every page of `pages` (in range: checked) reads allocated; by slices when they

@@ -11,7 +11,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from runtime.core.cache.allocator import SLOT_DTYPE, KVSlotAllocator
+from runtime.core.cache.allocator import SLOT_DTYPE
+from runtime.core.cache.counting_allocator import SlotAllocator
 from runtime.core.cache.eviction.base import EvictionPolicy
 from runtime.core.cache.eviction_queue import EvictionQueue
 from runtime.core.cache.tree_node import TreeNode, common_prefix_len, edge_key
@@ -77,7 +78,7 @@ class RadixCache:
 
     def __init__(
         self,
-        allocator: KVSlotAllocator,
+        allocator: SlotAllocator,
         eviction: EvictionPolicy,
         page_size: int = 1,
         enabled: bool = True,
@@ -310,7 +311,7 @@ class RadixCache:
             sizes.append(self._remove_leaf(leaf))
             num_evicted += sizes[-1]
         if freed:   # one call; last evicted first, so the free stack ends as with one call per leaf
-            self.allocator.free(freed[0] if len(freed) == 1 else np.concatenate(freed[::-1]))
+            self.allocator.free_parts(freed[::-1])
         return sizes
 
     def reset(self) -> None:
@@ -322,7 +323,7 @@ class RadixCache:
         for node in self.iter_nodes():
             parts.append(node.slots)
             node.evicted = True
-        self.allocator.free(np.concatenate(parts))
+        self.allocator.free_parts(parts)
         self._clear_tree()
 
     def iter_nodes(self) -> Iterator[TreeNode]:
