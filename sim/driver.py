@@ -210,7 +210,8 @@ class SimDriver:
         while group is not None and group.first_step < needed:
             following = next(batches, None)
             first, end = group.first_step, following.first_step if following is not None else num_steps
-            step_s = self.executor.decode_durations_s(group.plan, end, group.context_tokens, first_step=first)
+            step_s = self.executor.decode_durations_s(group.plan, end, group.context_tokens, first_step=first,
+                                                      context_lens=group.context_lens)
             durations.append(step_s)
             groups.append(group)
             if overlap:
@@ -248,7 +249,7 @@ class SimDriver:
         running count after it (a group's plan is at the run's first step: step j is its step j)."""
         bounds = [group.first_step for group in groups[1:]] + [len(ends)]
         j, m = 0, len(ends)
-        for (_, batch, context), end in zip(groups, bounds):
+        for (_, batch, context, _), end in zip(groups, bounds):
             end = min(end, m)
             size = batch.batch_size
             while j < end:

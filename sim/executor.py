@@ -17,6 +17,9 @@ from runtime.executor import FinishedStep
 from sim.costmodel.base import CostModel, StepShape
 
 
+_STREAM_BLOCK = 1 << 14   # tokens hashed at once by `simulated_streams`
+
+
 def simulated_tokens(req: Request | RequestSpec, first_index: int, num_tokens: int, vocab_size: int,
                      int_objects: np.ndarray | None = None) -> list[int]:
     """Output tokens first_index.. of `req`: the trace's own tokens where known, else a
@@ -44,16 +47,24 @@ def simulated_streams(specs: Sequence[RequestSpec], vocab_size: int, int_objects
         lengths.append(num_tokens)
     first = np.array([len(k) for k in knowns], dtype=np.int64)                         # [R]
     missing = np.array(lengths, dtype=np.int64) - first                               # [R]
-    ends = np.cumsum(missing)                                                         # [R]
     seeds = np.array([_rid_seed(spec.rid) for spec in specs], dtype=np.uint64)        # [R]
-    # token j of spec r hashes seed_r + first_r + j - start_r (uint64, wrapping): one repeat per spec
-    offsets = seeds + (first - (ends - missing)).astype(np.uint64)                     # [R]
-    x = np.repeat(offsets, missing)                                                   # [sum missing]
-    x += np.arange(x.size, dtype=np.uint64)
-    ids = int_objects[_hashed_ids(x, vocab_size)].tolist()                            # [sum missing]
-    bounds = np.concatenate(([0], ends)).tolist()
-    return [list(known) + ids[a:b] if known else ids[a:b]
-            for known, a, b in zip(knowns, bounds[:-1], bounds[1:])]
+    # in blocks of specs of about _STREAM_BLOCK tokens: the temporaries stay small and are reused
+    # (one pass over the whole workload's tokens faults in ~100 MB of fresh pages)
+    cuts = np.searchsorted(np.cumsum(missing), np.arange(_STREAM_BLOCK, int(missing.sum()), _STREAM_BLOCK))
+    bounds = np.unique(np.concatenate(([0], cuts + 1, [len(specs)]))).tolist()
+    out: list[list[int]] = []
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        block = missing[lo:hi]                                                        # [r]
+        ends = np.cumsum(block)                                                       # [r]
+        # token j of spec i hashes seed_i + first_i + j - start_i (uint64, wrapping): one repeat per spec
+        offsets = seeds[lo:hi] + (first[lo:hi] - (ends - block)).astype(np.uint64)    # [r]
+        x = np.repeat(offsets, block)                                                 # [block tokens]
+        x += np.arange(x.size, dtype=np.uint64)
+        ids = int_objects[_hashed_ids(x, vocab_size)].tolist()                        # [block tokens]
+        starts = [0, *ends.tolist()]
+        out.extend(list(known) + ids[a:b] if known else ids[a:b]
+                   for known, a, b in zip(knowns[lo:hi], starts[:-1], starts[1:]))
+    return out
 
 
 def _rid_seed(rid: str) -> int:
@@ -148,17 +159,20 @@ class SimExecutor:
         return launch
 
     def decode_durations_s(self, plan: StepPlan, num_steps: int, context_tokens: int | None = None,
-                           first_step: int = 0) -> np.ndarray:
+                           first_step: int = 0, context_lens: np.ndarray | None = None) -> np.ndarray:
         """Durations [num_steps - first_step] of steps first_step .. num_steps-1 of a decode run of
-        `plan`'s batch from its own on (`context_tokens`: its items' context_tokens summed, when
-        the caller has it)."""
+        `plan`'s batch from its own on (`context_tokens`: its items' context_tokens summed, and
+        `context_lens`: each item's (int64 [items]), when the caller has them)."""
         num_reqs = len(plan.items)
         context0 = sum(it.context_tokens for it in plan.items) if context_tokens is None else context_tokens
         context = context0 + num_reqs * np.arange(first_step, num_steps, dtype=np.int64)   # [k]
         shared = plan.decode_shared_tokens           # the batch's: constant over the run
         if shared is None:
             shared = shared_prefix_tokens(it.request for it in plan.items)
-        first_lens = np.fromiter((it.context_tokens + first_step for it in plan.items), dtype=np.int64, count=num_reqs)
+        if context_lens is None:
+            first_lens = np.fromiter((it.context_tokens + first_step for it in plan.items), dtype=np.int64, count=num_reqs)
+        else:
+            first_lens = context_lens + first_step                                         # [items] a new array
         return self.cost_model.decode_times_s(num_reqs, context, shared, first_lens)
 
     def decode_tokens(self, plan: StepPlan, num_steps: int) -> list[list[int]]:

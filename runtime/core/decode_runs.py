@@ -22,11 +22,14 @@ if TYPE_CHECKING:
 
 class DecodeGroup(NamedTuple):
     """The steps of a decode run from `first_step` (0-based) on, while its batch is `plan`'s items;
-    `context_tokens`: their decode context at the run's first step (sum of context_tokens)."""
+    `context_tokens`: their decode context at the run's first step (sum of context_tokens);
+    `context_lens`: each item's context_tokens at the run's first step (int64 [items], read-only
+    use), so a pricing that needs the requests' own lengths need not walk the items again."""
 
     first_step: int
     plan: StepPlan
     context_tokens: int
+    context_lens: np.ndarray | None = None
 
 
 class DecodeRuns:
@@ -148,7 +151,7 @@ class DecodeRuns:
         return self._groups(plan, last_step, contexts, cuts)
 
     def _groups(self, plan: StepPlan, last_step: np.ndarray, contexts: np.ndarray, cuts: list[int]) -> Iterator[DecodeGroup]:
-        yield DecodeGroup(0, plan, int(contexts.sum()))
+        yield DecodeGroup(0, plan, int(contexts.sum()), contexts)
         if not cuts:
             return
         items = np.empty(len(plan.items), dtype=object)   # [n] the plan's items, picked per group by mask
@@ -163,7 +166,8 @@ class DecodeRuns:
             shared.remove([requests[i] for i in np.flatnonzero(leaving).tolist()])
             kept = last_step > s                                                     # [n]
             group = StepPlan(plan.step_id, ForwardMode.DECODE, items[kept].tolist(), decode_shared_tokens=shared.tokens)
-            yield DecodeGroup(s, group, int(contexts[kept].sum()))
+            lens = contexts[kept]
+            yield DecodeGroup(s, group, int(lens.sum()), lens)
             before = s
 
     def _admission_budget(self, max_steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -61,11 +61,13 @@ def test_decode_runs_count_each_batch_as_stepping_would(tmp_path, monkeypatch, o
     durations = SimExecutor.decode_durations_s
     priced: list[int] = []
 
-    def checked(self, plan, num_steps, context_tokens=None, first_step=0):
+    def checked(self, plan, num_steps, context_tokens=None, first_step=0, context_lens=None):
         assert plan.decode_shared_tokens == shared_prefix_tokens(it.request for it in plan.items)
+        if context_lens is not None:     # the run's own lengths: the items' at its first step
+            assert context_lens.tolist() == [it.context_tokens for it in plan.items]
         if first_step:
             priced.append(plan.decode_shared_tokens)
-        return durations(self, plan, num_steps, context_tokens, first_step)
+        return durations(self, plan, num_steps, context_tokens, first_step, context_lens)
 
     monkeypatch.setattr(SimExecutor, "decode_durations_s", checked)
     overrides = ["progress=false", "print_summary=false", "workload=shared_prefix", "workload.num_groups=3",

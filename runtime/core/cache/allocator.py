@@ -182,6 +182,11 @@ class KVSlotAllocator:
         self._bot = high
         return pages
 
+    def kept_slots(self, slots: Sequence[int]) -> np.ndarray:
+        """A copy of `slots` (int32) for a holder that keeps them past the caller's buffer (the
+        radix cache's new edges)."""
+        return np.array(slots, dtype=SLOT_DTYPE)
+
     # -- release ----------------------------------------------------------------------
     def free(self, slots: Iterable[int]) -> None:
         """Free every page that contains one of `slots`. ValueError on an out-of-range slot or a

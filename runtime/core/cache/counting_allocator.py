@@ -98,6 +98,11 @@ class CountingSlotAllocator:
         self._free_pages -= needed
         return self._slots[:num_tokens]
 
+    def kept_slots(self, slots: Sequence[int]) -> np.ndarray:
+        """What a holder keeps of `slots` past the caller's buffer (the radix cache's new edges):
+        a read-only placeholder view of the same length, no copy (the values mean nothing)."""
+        return self._slots[:len(slots)]
+
     # -- release ----------------------------------------------------------------------
     def free(self, slots: Sequence[int]) -> None:
         """Return the pages of `slots` (starting at a page boundary): ceil(len / page_size) pages.

@@ -222,7 +222,7 @@ class RadixCache:
         while pos < limit:
             child = node.children.get(edge_key(key, pos - off, self.page_size))
             if child is None:
-                leaf_slots = np.array(slots[pos:limit], dtype=SLOT_DTYPE)   # the tree's own copy
+                leaf_slots = self.allocator.kept_slots(slots[pos:limit])   # the tree's own copy
                 leaf = self._add_leaf(node, key[pos - off:limit - off], leaf_slots, now, priority,
                                       hit_count=int(count_hit))
                 return pos, leaf
