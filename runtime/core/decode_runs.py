@@ -124,7 +124,8 @@ class DecodeRuns:
         if not overlap or self._lefts.size == 0:
             return num_steps
         k = num_steps
-        finish_steps = {int(f) for f in self._lefts if f >= 1}     # step whose resolve ends request i
+        lefts = self._lefts
+        finish_steps = set(lefts[lefts >= 1].tolist())            # step whose resolve ends request i
         if next_arrival_s is not None:
             late = [f for f in finish_steps if f < k and end_s[f - 1] >= next_arrival_s]
             if late:
