@@ -150,10 +150,10 @@ class PrefillColumns:
     puts each measured point in its regime, and `query_limit` (the runtime's limit) says which regime a
     query belongs to. Past the limit a step is priced from the eager points: between the limit and the
     first eager point, on the line from the graph-replayed step at the limit (where the profile measured
-    one) to that point -- a step just past the limit does the same device work as one at it, and on an
-    H200 the two launches took the same time at 2,048 tokens (DeepSeek-V2-Lite), while the first eager
-    point may lie a thousand tokens or more above; without a point at the limit the eager curve stays
-    flat below its first point. Below the limit, graph-replayed points only. A query of a regime the
+    one; its device time alone plus the first eager point's launch-bound share, `eager_edge_rows`) to that
+    point -- a step just past the limit does the same device work as one at it and pays the eager launch,
+    while the first eager point may lie a thousand tokens or more above; without a point at the limit the
+    eager curve stays flat below its first point. Below the limit, graph-replayed points only. A query of a regime the
     profile did not measure at its token count is outside the grid. `split_tokens` None or 0: one regime
     (profiles without the limit recorded, or measured without piecewise graphs: every point is what such
     a profile prices); `query_limit=None`: the runtime's limit is the profile's."""
@@ -170,7 +170,7 @@ class PrefillColumns:
             self.curves = {**every, **_column_curves(rows[rows["new_tokens"] <= self.split])}
             eager = rows[rows["new_tokens"] > self.split]
             at_limit = rows[(rows["new_tokens"] == self.split) & rows["prefix_tokens"].isin(eager["prefix_tokens"])]
-            self.eager_curves = {**every, **_column_curves(pd.concat([at_limit, eager]))}
+            self.eager_curves = {**every, **_column_curves(pd.concat([eager_edge_rows(at_limit, eager), eager]))}
 
     def lookup(self, tokens: float, prefix: float, prefixes: list[int]) -> tuple[float, bool]:
         """Time at (tokens, equivalent prefix) among `prefixes` columns of the query's regime; below the
@@ -201,6 +201,24 @@ class PrefillColumns:
         if self.runs_eagerly(tokens):
             return min(max(tokens, self.split + 1), self.max_tokens)
         return max(min(tokens, self.split, self.max_tokens), self.min_tokens)
+
+
+def eager_edge_rows(at_limit: pd.DataFrame, eager: pd.DataFrame) -> pd.DataFrame:
+    """The graph-replayed points at the piecewise limit re-stated as the start of the eager curve above them: each
+    one's device time alone plus the launch-bound share (back to back minus alone) of the first eager point of its
+    column. A step just past the limit does the device work of one at it but pays the eager launch, a cost that
+    hardly moves with the tokens (1-2 ms at 3,072 tokens on one H200, where the kernels outlast the launch; 44 ms
+    at tp=2, where the eager launch waits on the device). Points without `device_alone_s` stay as measured."""
+    if "device_alone_s" not in at_limit or at_limit.empty:
+        return at_limit
+    at_limit = at_limit.copy()
+    for index, row in at_limit.iterrows():
+        column = eager[eager["prefix_tokens"] == row["prefix_tokens"]].sort_values("new_tokens")
+        if column.empty or pd.isna(row["device_alone_s"]) or pd.isna(column["device_alone_s"].iloc[0]):
+            continue
+        share = max(float(column["device_s"].iloc[0] - column["device_alone_s"].iloc[0]), 0.0)
+        at_limit.loc[index, "device_s"] = float(row["device_alone_s"]) + share
+    return at_limit
 
 
 def _column_curves(rows: pd.DataFrame) -> dict[int, Curve]:

@@ -85,10 +85,11 @@ class ProfiledCostModel:
         prefill = pd.read_csv(directory / "prefill.csv")
         # the two launch regimes (piecewise graphs, eager) as the profile measured them and as the runtime runs
         regimes = dict(split_tokens=prefill_piecewise_limit(directory), query_limit=piecewise_max_tokens)
-        self.single = PrefillColumns(prefill[prefill["num_seqs"] == 1], **regimes)
+        single = prefill[prefill["num_seqs"] == 1]
+        self.single = PrefillColumns(single, **regimes)
         # launch-bound time of one-sequence steps: back to back minus with the launch hidden (tables measured
         # before `device_alone_s` existed have none: priced as launched back to back)
-        self.launch_bound = (PrefillColumns(_launch_bound_rows(prefill[prefill["num_seqs"] == 1]), **regimes)
+        self.launch_bound = (PrefillColumns(_launch_bound_rows(single), **regimes)
                              if "device_alone_s" in prefill and prefill["device_alone_s"].notna().any() else None)
         self.columns = self._form_columns()
         self.expand_s_per_token = self._expand_rate(prefill[prefill["num_seqs"] > 1])
@@ -369,6 +370,6 @@ class _FactorGrid:
 
 def _launch_bound_rows(rows: pd.DataFrame) -> pd.DataFrame:
     """rows with device_s replaced by its launch-bound part: back to back minus alone, >= 0 (0 where a row
-    has no device_alone_s)."""
+    has no device_alone_s), and device_alone_s by 0 (none of that part is device work)."""
     alone = rows["device_alone_s"].fillna(rows["device_s"])
-    return rows.assign(device_s=(rows["device_s"] - alone).clip(lower=0.0))
+    return rows.assign(device_s=(rows["device_s"] - alone).clip(lower=0.0), device_alone_s=rows["device_alone_s"] * 0.0)

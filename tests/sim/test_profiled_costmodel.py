@@ -335,6 +335,32 @@ def test_prefill_never_interpolates_across_the_piecewise_graph_limit(tmp_path):
         assert one_regime.fallbacks["prefill"] == 0
 
 
+def test_the_eager_curve_starts_at_the_limits_device_time_plus_the_eager_launch_share(tmp_path):
+    """With device_alone_s measured, the eager curve starts at the graph-replayed step's device time alone at
+    the limit plus the first eager point's launch-bound share (back to back minus alone): a launch cost that
+    does not shrink with the tokens (tp=2 on the H200: eager launches of ~44 ms that wait on the device), while
+    graph-replayed steps up to the limit keep their back-to-back times; the launch-bound part of a step past
+    the limit (what a head start can hide) is that share."""
+    directory = _profile_with_piecewise_limit(tmp_path, limit=64)
+    prefill = pd.read_csv(directory / "prefill.csv")
+    prefill["device_alone_s"] = prefill["device_s"] * 0.8                 # graph points: 20% launch-bound
+    eager = prefill["new_tokens"] > 64
+    prefill.loc[eager, "device_alone_s"] = prefill.loc[eager, "device_s"] / 3.0   # eager: 2/3 launch-bound
+    prefill.to_csv(directory / "prefill.csv", index=False)
+    model = profiled_at(directory, piecewise_max_tokens=64)
+    one = prefill.query("num_seqs == 1 and prefix_tokens == 0").set_index("new_tokens")
+    share = one.loc[256, "device_s"] - one.loc[256, "device_alone_s"]
+    start = one.loc[64, "device_alone_s"] + share
+    line = lambda n: start + (one.loc[256, "device_s"] - start) * (n - 64) / (256 - 64)   # noqa: E731
+    assert model.device_time_s(StepShape((65,), (0,))) == pytest.approx(line(65), rel=1e-9)
+    assert model.device_time_s(StepShape((160,), (0,))) == pytest.approx(line(160), rel=1e-9)
+    assert model.device_time_s(StepShape((64,), (0,))) == pytest.approx(one.loc[64, "device_s"], rel=1e-9)
+    assert line(65) > one.loc[64, "device_s"]                   # the eager launch costs more than the graph's
+    bound = lambda n: model.launch_bound_s(StepShape((n,), (0,)))            # noqa: E731
+    launch = model.launch_time_s(StepShape((65,), (0,)))
+    assert bound(65) == pytest.approx(min(share, max(launch - (line(65) - share), 0.0)), rel=1e-9)
+
+
 def test_a_regime_the_profile_did_not_measure_at_that_size_falls_back(tmp_path):
     """The runtime's limit below the profile's: a 64-token step runs eagerly, which the profile only measured
     from 256 tokens on; it is priced by the roofline scaled at the eager regime's edge, and counted."""
