@@ -38,8 +38,17 @@ def simulated_tokens(req: Request | RequestSpec, first_index: int, num_tokens: i
 
 
 def simulated_streams(specs: Sequence[RequestSpec], vocab_size: int, int_objects: np.ndarray) -> list[list[int]]:
-    """`simulated_tokens(spec, 0, max_new_tokens)` of every spec, hashed in one vectorised pass: the
-    hashed ids become one list of shared ints, and each spec's stream is a slice of it."""
+    """`simulated_tokens(spec, 0, max_new_tokens)` of every spec, as lists (`simulated_stream_spans`)."""
+    return [buf[start:start + n] for buf, start, n in simulated_stream_spans(specs, vocab_size, int_objects)]
+
+
+StreamSpan = tuple[list[int], int, int]   # (buffer, start, length): a stream is buffer[start:start + length]
+
+
+def simulated_stream_spans(specs: Sequence[RequestSpec], vocab_size: int, int_objects: np.ndarray) -> list[StreamSpan]:
+    """`simulated_tokens(spec, 0, max_new_tokens)` of every spec, hashed in vectorised blocks of about
+    _STREAM_BLOCK tokens: each block's ids become one list of shared ints, and each spec's stream is
+    a span of it (not copied out; a spec with trace tokens gets a list of its own)."""
     knowns, lengths = [], []
     for spec in specs:
         num_tokens = spec.output_len if spec.sampling is None else spec.sampling.max_new_tokens   # sampling_params()
@@ -48,11 +57,11 @@ def simulated_streams(specs: Sequence[RequestSpec], vocab_size: int, int_objects
     first = np.array([len(k) for k in knowns], dtype=np.int64)                         # [R]
     missing = np.array(lengths, dtype=np.int64) - first                               # [R]
     seeds = np.array([_rid_seed(spec.rid) for spec in specs], dtype=np.uint64)        # [R]
-    # in blocks of specs of about _STREAM_BLOCK tokens: the temporaries stay small and are reused
-    # (one pass over the whole workload's tokens faults in ~100 MB of fresh pages)
+    # in blocks of specs: the temporaries stay small and are reused (one pass over the whole
+    # workload's tokens faults in ~100 MB of fresh pages)
     cuts = np.searchsorted(np.cumsum(missing), np.arange(_STREAM_BLOCK, int(missing.sum()), _STREAM_BLOCK))
     bounds = np.unique(np.concatenate(([0], cuts + 1, [len(specs)]))).tolist()
-    out: list[list[int]] = []
+    out: list[StreamSpan] = []
     for lo, hi in zip(bounds[:-1], bounds[1:]):
         block = missing[lo:hi]                                                        # [r]
         ends = np.cumsum(block)                                                       # [r]
@@ -62,8 +71,12 @@ def simulated_streams(specs: Sequence[RequestSpec], vocab_size: int, int_objects
         x += np.arange(x.size, dtype=np.uint64)
         ids = int_objects[_hashed_ids(x, vocab_size)].tolist()                        # [block tokens]
         starts = [0, *ends.tolist()]
-        out.extend(list(known) + ids[a:b] if known else ids[a:b]
-                   for known, a, b in zip(knowns[lo:hi], starts[:-1], starts[1:]))
+        for known, a, b in zip(knowns[lo:hi], starts[:-1], starts[1:]):
+            if known:
+                stream = list(known) + ids[a:b]
+                out.append((stream, 0, len(stream)))
+            else:
+                out.append((ids, a, b - a))
     return out
 
 
@@ -94,7 +107,7 @@ class SimExecutor:
     def __init__(self, cost_model: CostModel, vocab_size: int) -> None:
         self.cost_model = cost_model
         self.vocab_size = vocab_size
-        self._streams: dict[str, list[int]] = {}
+        self._streams: dict[str, StreamSpan] = {}
         self._int_objects = np.arange(vocab_size).astype(object)   # [V] one Python int per id, shared
         self._decode_hosts: dict[int, float] = {}                  # decode_host_s per batch size
         self._decode_launches: dict[int, tuple[float, float]] = {}  # decode_launch_s per batch size
@@ -102,15 +115,16 @@ class SimExecutor:
     def prepare_streams(self, specs: Sequence[RequestSpec]) -> None:
         """Generate the token streams of requests still to come in one pass (the same tokens)."""
         todo = [spec for spec in specs if spec.rid not in self._streams]
-        for spec, stream in zip(todo, simulated_streams(todo, self.vocab_size, self._int_objects)):
-            self._streams[spec.rid] = stream
+        for spec, span in zip(todo, simulated_stream_spans(todo, self.vocab_size, self._int_objects)):
+            self._streams[spec.rid] = span
 
-    def _stream(self, req: Request) -> list[int]:
-        stream = self._streams.get(req.rid)
-        if stream is None or len(stream) < req.sampling.max_new_tokens:
+    def _stream(self, req: Request) -> StreamSpan:
+        """The request's token stream (a span: buffer, start, length), made now if not prepared."""
+        span = self._streams.get(req.rid)
+        if span is None or span[2] < req.sampling.max_new_tokens:
             stream = simulated_tokens(req, 0, req.sampling.max_new_tokens, self.vocab_size, self._int_objects)
-            self._streams[req.rid] = stream
-        return stream
+            span = self._streams[req.rid] = (stream, 0, len(stream))
+        return span
 
     def execute(self, plan: StepPlan) -> StepResult:
         shape = StepShape.from_plan(plan)
@@ -119,10 +133,10 @@ class SimExecutor:
         for it in plan.items:
             if it.samples:
                 req = it.request
-                stream = streams.get(req.rid) or self._stream(req)
+                buf, start, length = streams.get(req.rid) or self._stream(req)
                 index = len(req.output_ids)
                 # past max_new_tokens: the step after the last one under overlap (its token is dropped)
-                tokens.append(stream[index] if index < len(stream) else 0)
+                tokens.append(buf[start + index] if index < length else 0)
         launch_s, lead_s = self._launch_and_lead(shape)
         return StepResult(next_token_ids=tokens, duration_s=duration_s,
                           host_s=self.cost_model.host_time_s(shape), launch_s=launch_s, launch_lead_s=lead_s,
@@ -179,5 +193,6 @@ class SimExecutor:
         out = []
         for it in plan.items:
             first = len(it.request.output_ids)
-            out.append(self._stream(it.request)[first:first + num_steps])
+            buf, start, length = self._stream(it.request)
+            out.append(buf[start + first:start + min(first + num_steps, length)])
         return out
