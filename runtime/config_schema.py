@@ -80,6 +80,8 @@ class ServerSchema:
                                                # (its first token and its finish at once); larger = fewer writes
     tokenizer_workers: int = 1                 # SGLang's --tokenizer-worker-num: HTTP + tokenizer processes sharing
                                                # the port (1: HTTP in the launcher's process, as before)
+    detokenizer: str = "process"               # process: a detokenizer process turns token ids into text | inline:
+                                               # none, the scheduler sends token ids to the HTTP workers, which decode
 
 
 @dataclass

@@ -2,7 +2,7 @@
 # One device call: where a served token's delivery lag goes, hop by hop (experiments/serving_hops.py:
 # scheduler -> detokenizer -> HTTP process -> client, and the intake), DeepSeek-V2-Lite plain defaults at
 # RATE req/s, once per server setting in SETTINGS (';'-separated override lists, '-' for none, e.g.
-# "-;server.tokenizer_workers=2"); first, the CUDA event clock against the host's
+# "-;server.tokenizer_workers=2;server.detokenizer=inline"); first, the CUDA event clock against the host's
 # over 30 s (the server places device step times on the host clock once per run: drift skews them).
 # Needs the server's wheels in .whl/ (see serve_bench.sh).
 #   bash experiments/gpu_jobs/serve_hops.sh OUT

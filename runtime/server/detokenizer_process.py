@@ -1,6 +1,8 @@
 """The detokenizer process: token ids from the scheduler in, text deltas out to the tokenizer worker that
 owns each request (SGLang's DetokenizerManager), so that decoding text never sits on the scheduler's
-critical path. Imports neither torch nor the model.
+critical path (server.detokenizer=process). With server.detokenizer=inline the same `Detokenizer` runs in
+each tokenizer worker instead, on the outputs the scheduler sends it (`TokenizerManager`). Imports neither
+torch nor the model.
 """
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from collections.abc import Iterator
 
 from runtime.server.detokenizer import IncrementalDetokenizer
 from runtime.server.hop_trace import HopTrace
-from runtime.server.ipc import Addresses, BatchOutput, BatchText, ControlReply, RequestOutput, TextOutput
+from runtime.server.ipc import Addresses, BatchOutput, BatchText, ControlReply, RequestOutput, TextOutput, by_worker
 from runtime.server.stop_strings import StopStringMatcher
 from runtime.server.token_pieces import TokenPieces
 from runtime.server.tokenizer import Tokenizer
@@ -43,10 +45,7 @@ class Detokenizer:
         num_first = next((i for i, out in enumerate(outs) if out.detok is None), len(outs))
         parts = [outs] if num_first in (0, len(outs)) else [outs[:num_first], outs[num_first:]]
         for k, part in enumerate(parts):
-            by_worker: dict[int, list[RequestOutput]] = {}
-            for out in part:
-                by_worker.setdefault(out.worker, []).append(out)
-            for worker, mine in by_worker.items():
+            for worker, mine in by_worker(part).items():
                 for start in range(0, len(mine), MAX_OUTPUTS_PER_MESSAGE):
                     end = start + MAX_OUTPUTS_PER_MESSAGE
                     stats = batch.stats if k == len(parts) - 1 and end >= len(mine) else None
@@ -80,7 +79,7 @@ def run_detokenizer(addresses: Addresses, tokenizer_path: str | None, vocab_size
     replies go to their worker; Ready to the launcher (worker 0)."""
     import zmq
 
-    from runtime.server.ipc import pull_socket, push_socket, worker_ids
+    from runtime.server.ipc import WorkerPushes, pull_socket
     from runtime.server.process_utils import child_process_setup, parent_alive
     from runtime.server.tokenizer import load_tokenizer
 
@@ -89,7 +88,7 @@ def run_detokenizer(addresses: Addresses, tokenizer_path: str | None, vocab_size
     trace = HopTrace.from_env("detokenizer")
     ctx = zmq.Context()
     pull = pull_socket(ctx, addresses.detokenizer)
-    pushes = {w: push_socket(ctx, addresses.worker(w)) for w in worker_ids(num_workers)}
+    pushes = WorkerPushes(ctx, addresses, num_workers)
     try:
         while True:
             if not pull.poll(1000):
@@ -99,17 +98,18 @@ def run_detokenizer(addresses: Addresses, tokenizer_path: str | None, vocab_size
             msg = pull.recv_pyobj()
             if trace is not None and isinstance(msg, BatchOutput):
                 trace.mark_outputs("detok_recv", msg.outputs, time.perf_counter())
-            routed = detok.route(msg) if isinstance(msg, BatchOutput) else [(getattr(msg, "worker", 0), msg)]
-            for worker, out in routed:                     # each part sent before the next is decoded
-                if trace is not None and isinstance(out, BatchText):
-                    trace.mark_outputs("detok_send", out.outputs, time.perf_counter())
-                pushes[worker].send_pyobj(out)
+            if not isinstance(msg, BatchOutput):           # a control reply, Ready: to its worker
+                pushes.send_pyobj(msg)
+            else:
+                for worker, out in detok.route(msg):       # each part sent before the next is decoded
+                    if trace is not None:
+                        trace.mark_outputs("detok_send", out.outputs, time.perf_counter())
+                    pushes.send_to(worker, out)
             if isinstance(msg, ControlReply) and msg.kind == "shutdown":
                 return
     finally:
         if trace is not None:
             trace.flush()
         pull.close()
-        for push in pushes.values():
-            push.close(linger=1000)
+        pushes.close(linger=1000)
         ctx.term()

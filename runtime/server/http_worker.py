@@ -36,6 +36,7 @@ def serving_line(cfg, model, ready, detail: str) -> str:
 
 def build_frontend(cfg, model, addresses, ready, worker_id: int, scheduler_alive: Callable[[], bool],
                    multiprocess_metrics: bool = False) -> Frontend:
+    from runtime.server.detokenizer_process import Detokenizer
     from runtime.server.hop_trace import HopTrace
     from runtime.server.input_processor import InputProcessor, ModelLimits
     from runtime.server.server_metrics import ServerMetrics
@@ -45,9 +46,12 @@ def build_frontend(cfg, model, addresses, ready, worker_id: int, scheduler_alive
     name = served_model_name(cfg, model)
     limits = ModelLimits(ready.max_context_tokens, ready.kv_capacity_tokens, ready.vocab_size, model.eos_token_ids)
     metrics = ServerMetrics(name, multiprocess=multiprocess_metrics)
-    processor = InputProcessor(load_tokenizer(cfg.tokenizer.path, model.vocab_size), limits)
+    tokenizer = load_tokenizer(cfg.tokenizer.path, model.vocab_size)
+    processor = InputProcessor(tokenizer, limits)
+    detokenizer = Detokenizer(tokenizer) if cfg.server.detokenizer == "inline" else None   # decodes here
     manager = TokenizerManager(processor, addresses, metrics, scheduler_alive=scheduler_alive,
-                               trace=HopTrace.from_env(f"http{worker_id}"), worker_id=worker_id)
+                               trace=HopTrace.from_env(f"http{worker_id}"), worker_id=worker_id,
+                               detokenizer=detokenizer)
     return Frontend(manager, metrics, name, limits)
 
 

@@ -2,7 +2,9 @@
 
 HTTP + tokenizer worker(s) --TokenizedRequest/AbortReq/ControlReq--> scheduler --BatchOutput--> detokenizer
 --BatchText--> the worker that sent the request. Control replies travel the same way back to the worker
-that asked, after every output sent before them. Torch-free; imports zmq only in `push_socket` / `pull_socket`.
+that asked, after every output sent before them. With server.detokenizer=inline there is no detokenizer
+process: the scheduler sends each worker its share of a BatchOutput (`WorkerPushes`), and the worker decodes
+it. Torch-free; imports zmq only in `push_socket` / `pull_socket`.
 """
 from __future__ import annotations
 
@@ -34,6 +36,24 @@ class Addresses:
 def worker_ids(num_workers: int) -> list[int]:
     """The ids that receive outputs: 0 (the launcher) alone, or the launcher and workers 1..N."""
     return [0] if num_workers == 1 else list(range(num_workers + 1))
+
+
+DETOKENIZER_MODES = ("process", "inline")
+
+
+def check_detokenizer(value: str) -> str:
+    """`value` if it is a valid server.detokenizer, else ValueError naming the valid ones."""
+    if value not in DETOKENIZER_MODES:
+        raise ValueError(f"server.detokenizer={value!r}: must be one of {', '.join(DETOKENIZER_MODES)}")
+    return value
+
+
+def by_worker(outputs) -> dict[int, list]:
+    """Outputs (anything with `worker`) grouped by the worker they go to, each group in order."""
+    groups: dict[int, list] = {}
+    for out in outputs:
+        groups.setdefault(out.worker, []).append(out)
+    return groups
 
 
 @dataclass
@@ -213,3 +233,27 @@ def pull_socket(ctx, address: str):
     sock.setsockopt(zmq.LINGER, 0)
     sock.bind(address)
     return sock
+
+
+class WorkerPushes:
+    """A PUSH socket to each tokenizer worker (`worker_ids`). `send_to` sends to one; `send_pyobj` routes a
+    message by its `worker` (0, the launcher's, for one without: Ready), and splits a BatchOutput into one
+    BatchOutput per worker, each with the scheduler's gauges: so the scheduler sends straight to the workers
+    with server.detokenizer=inline, and the detokenizer process sends its replies the same way."""
+
+    def __init__(self, ctx, addresses: Addresses, num_workers: int) -> None:
+        self._pushes = {w: push_socket(ctx, addresses.worker(w)) for w in worker_ids(num_workers)}
+
+    def send_to(self, worker: int, msg) -> None:
+        self._pushes[worker].send_pyobj(msg)
+
+    def send_pyobj(self, msg) -> None:
+        if isinstance(msg, BatchOutput):
+            for worker, mine in by_worker(msg.outputs).items():
+                self.send_to(worker, BatchOutput(mine, msg.stats))
+        else:
+            self.send_to(getattr(msg, "worker", 0), msg)
+
+    def close(self, linger: int = 1000) -> None:
+        for push in self._pushes.values():
+            push.close(linger=linger)

@@ -1,6 +1,7 @@
-"""`mode=serve`: starts the scheduler and detokenizer processes, waits until the model is loaded, then
-serves HTTP: in this process (server.tokenizer_workers=1), or in N worker processes sharing one listening
-socket, this one only supervising. SIGINT/SIGTERM shut everything down in order: HTTP drains, then the
+"""`mode=serve`: starts the scheduler and detokenizer processes (server.detokenizer=inline: no detokenizer
+process, each tokenizer worker decodes its own outputs), waits until the model is loaded, then serves HTTP:
+in this process (server.tokenizer_workers=1), or in N worker processes sharing one listening socket, this
+one only supervising. SIGINT/SIGTERM shut everything down in order: HTTP drains, then the
 scheduler aborts what is in flight and writes the run's records. Imports fastapi/uvicorn/zmq only inside
 `run_serve` (the config test instantiates this target).
 """
@@ -34,12 +35,13 @@ def run_serve(cfg: DictConfig) -> None:
     import zmq
 
     from runtime.server.detokenizer_process import run_detokenizer
-    from runtime.server.ipc import Addresses, pull_socket
+    from runtime.server.ipc import Addresses, check_detokenizer, pull_socket
     from runtime.server.online_source import check_stream_interval
     from runtime.server.scheduler_process import run_scheduler
 
     check_stream_interval(int(cfg.server.stream_interval))       # before any process starts
     num_workers = check_tokenizer_workers(int(cfg.server.tokenizer_workers))
+    detokenizer = check_detokenizer(cfg.server.detokenizer)
     container = OmegaConf.to_container(cfg, resolve=True)       # Hydra's run dir resolves only here
     model = instantiate(cfg.model)
     ipc_dir = tempfile.mkdtemp(prefix="twinserve-")
@@ -47,11 +49,11 @@ def run_serve(cfg: DictConfig) -> None:
     zctx = zmq.Context()
     http_pull = pull_socket(zctx, addresses.http)
     spawn = mp.get_context("spawn")
-    children = [
-        spawn.Process(target=run_scheduler, args=(container, addresses, os.getpid()), name="twinserve-scheduler"),
-        spawn.Process(target=run_detokenizer, args=(addresses, cfg.tokenizer.path, model.vocab_size, os.getpid(),
-                                                    num_workers), name="twinserve-detokenizer"),
-    ]
+    children = [spawn.Process(target=run_scheduler, args=(container, addresses, os.getpid()),
+                              name="twinserve-scheduler")]
+    if detokenizer == "process":
+        children.append(spawn.Process(target=run_detokenizer, name="twinserve-detokenizer",
+                                      args=(addresses, cfg.tokenizer.path, model.vocab_size, os.getpid(), num_workers)))
     for child in children:
         child.start()
     try:

@@ -95,14 +95,15 @@ def write_records(requests, steps, out_dir: str | Path, wall_time_s: float, plot
 
 
 def run_scheduler(cfg_container: dict, addresses: Addresses, parent_pid: int) -> None:
-    """Process entry: build, announce Ready, serve until shutdown, write the records, say goodbye."""
+    """Process entry: build, announce Ready, serve until shutdown, write the records, say goodbye. Outputs,
+    control replies and Ready go to the detokenizer process, or (server.detokenizer=inline) to the workers."""
     import zmq
 
     from runtime.build import build_core
     from runtime.driver import RealDriver
     from runtime.engine.build_runner import build_model_runner
     from runtime.server.hop_trace import HopTrace
-    from runtime.server.ipc import pull_socket, push_socket
+    from runtime.server.ipc import WorkerPushes, pull_socket, push_socket
     from runtime.server.online_source import OnlineSource
     from runtime.server.process_utils import child_process_setup
     from runtime.server.tokenizer import load_tokenizer
@@ -110,7 +111,11 @@ def run_scheduler(cfg_container: dict, addresses: Addresses, parent_pid: int) ->
     child_process_setup("twinserve-sched")
     cfg = OmegaConf.create(cfg_container)
     ctx = zmq.Context()
-    pull, push = pull_socket(ctx, addresses.scheduler), push_socket(ctx, addresses.detokenizer)
+    pull = pull_socket(ctx, addresses.scheduler)
+    if cfg.server.detokenizer == "inline":     # no detokenizer process: outputs straight to their workers
+        push = WorkerPushes(ctx, addresses, int(cfg.server.tokenizer_workers))
+    else:
+        push = push_socket(ctx, addresses.detokenizer)
     trace = HopTrace.from_env("scheduler")
     try:
         started = time.perf_counter()

@@ -1,6 +1,7 @@
 """A tokenizer worker's side of the pipeline (SGLang's TokenizerManager): tokenizes and sends requests
-to the scheduler, receives their detokenized outputs and hands them to the waiting handlers, sends
-aborts and control requests. One per HTTP worker process; runs on its asyncio loop; imports zmq, never torch.
+to the scheduler, receives their detokenized outputs (or, with server.detokenizer=inline, their token ids,
+which it decodes itself) and hands them to the waiting handlers, sends aborts and control requests. One per
+HTTP worker process; runs on its asyncio loop; imports zmq, never torch.
 """
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import asyncio
 import itertools
 import time
 import uuid
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import zmq
 import zmq.asyncio
@@ -17,11 +18,14 @@ from runtime.server.errors import APIError
 from runtime.server.hop_trace import HopTrace
 from runtime.server.input_processor import InputProcessor
 from runtime.server.ipc import (
-    AbortReq, Addresses, BatchText, ControlReply, ControlReq, Finish, SchedulerStats, TextOutput, pull_socket,
-    push_socket,
+    AbortReq, Addresses, BatchOutput, BatchText, ControlReply, ControlReq, Finish, SchedulerStats, TextOutput,
+    pull_socket, push_socket,
 )
 from runtime.server.protocol import GenerateInput
 from runtime.server.server_metrics import ServerMetrics
+
+if TYPE_CHECKING:
+    from runtime.server.detokenizer_process import Detokenizer
 
 
 class ReqState:
@@ -48,10 +52,14 @@ class ReqState:
 
 class TokenizerManager:
     def __init__(self, processor: InputProcessor, addresses: Addresses, metrics: ServerMetrics,
-                 scheduler_alive: Callable[[], bool], trace: HopTrace | None = None, worker_id: int = 0) -> None:
+                 scheduler_alive: Callable[[], bool], trace: HopTrace | None = None, worker_id: int = 0,
+                 detokenizer: Detokenizer | None = None) -> None:
         """`trace`: the delivery-lag probe's hop marks (None: off). `worker_id`: this worker's (0: the one
-        HTTP process), carried with every message so that outputs and replies come back here."""
+        HTTP process), carried with every message so that outputs and replies come back here. `detokenizer`:
+        server.detokenizer=inline, this worker decodes the token ids the scheduler sends it (None: the
+        detokenizer process sends text)."""
         self.processor = processor
+        self.detokenizer = detokenizer
         self.trace = trace
         self.worker_id = worker_id
         self.metrics = metrics
@@ -144,10 +152,26 @@ class TokenizerManager:
             msg = await self._pull.recv_pyobj()
             if isinstance(msg, BatchText):
                 self._dispatch(msg, time.perf_counter())
+            elif isinstance(msg, BatchOutput):
+                await self._detokenize(msg)
             elif isinstance(msg, ControlReply):
                 future = self._controls.get(msg.req_id)
                 if future is not None and not future.done():
                     future.set_result(msg)
+
+    async def _detokenize(self, batch: BatchOutput) -> None:
+        """server.detokenizer=inline: decode the scheduler's outputs here, part by part as the detokenizer
+        process would send them (requests' first outputs, then slices of the rest), dispatching each part and
+        letting the handlers it woke write their chunks before the next part is decoded."""
+        if self.trace is not None:
+            self.trace.mark_outputs("detok_recv", batch.outputs, time.perf_counter())
+        for k, (_, part) in enumerate(self.detokenizer.route(batch)):
+            if k:
+                await asyncio.sleep(0)
+            now = time.perf_counter()
+            if self.trace is not None:
+                self.trace.mark_outputs("detok_send", part.outputs, now)
+            self._dispatch(part, now)
 
     def _dispatch(self, batch: BatchText, now_s: float) -> None:
         """Hand each output to its request's handler; handlers wake in the batch's order."""

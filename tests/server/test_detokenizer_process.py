@@ -92,3 +92,45 @@ def test_outputs_go_to_their_worker_and_a_rid_is_per_worker():
                                            RequestOutput("r", a[1:], worker=1)])))
     assert [(w, [o.text for o in m.outputs]) for w, m in routed] == [(2, ["d"]), (1, ["b"])]
     assert len(detok) == 1
+
+
+def test_inline_the_scheduler_splits_by_worker_and_each_worker_decodes_as_the_process_would(tmp_path):
+    """server.detokenizer=inline: WorkerPushes sends each worker its outputs as one BatchOutput with the
+    gauges (control replies and Ready by their worker); the worker's Detokenizer.route then gives the same
+    messages, in the same order, as the detokenizer process gives that worker."""
+    import zmq
+
+    from runtime.server.ipc import Addresses, ControlReply, Ready, WorkerPushes, pull_socket
+
+    addresses = Addresses.in_dir(str(tmp_path))
+    ctx = zmq.Context()
+    pulls = {w: pull_socket(ctx, addresses.worker(w)) for w in (0, 1, 2)}
+    pushes = WorkerPushes(ctx, addresses, num_workers=2)
+    x = TOK.encode("x", add_special_tokens=False)
+    batch = BatchOutput([RequestOutput(f"n{w}", x, detok=DetokSpec([65]), worker=w) for w in (1, 2)]
+                        + [RequestOutput(f"r{i}", x, detok=None, worker=1 + i % 2) for i in range(5)], "stats")
+    try:
+        pushes.send_pyobj(batch)
+        pushes.send_pyobj(ControlReply("flush_cache", 3, True, None, worker=2))
+        pushes.send_pyobj(Ready(1, 2, 3, "cpu", 4))
+        received = {w: [] for w in pulls}
+        for w, pull in pulls.items():
+            while pull.poll(2000 if not received[w] else 200):
+                received[w].append(pull.recv_pyobj())
+    finally:
+        pushes.close(linger=0)
+        for pull in pulls.values():
+            pull.close()
+        ctx.term()
+    assert [type(m).__name__ for m in received[0]] == ["Ready"]
+    assert [type(m).__name__ for m in received[1]] == ["BatchOutput"]
+    assert [type(m).__name__ for m in received[2]] == ["BatchOutput", "ControlReply"]
+    process = Detokenizer(TOK)
+    expected = {1: [], 2: []}
+    for worker, text in process.route(batch):
+        expected[worker].append((text.outputs, text.stats))
+    for w in (1, 2):
+        mine = received[w][0]
+        assert mine.stats == "stats" and {o.worker for o in mine.outputs} == {w}
+        inline = [(text.outputs, text.stats) for _, text in Detokenizer(TOK).route(mine)]
+        assert inline == expected[w]

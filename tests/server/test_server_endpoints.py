@@ -11,10 +11,13 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
+from tests.server.server_process import wait_idle  # noqa: E402
+
 MODEL = "tiny_mla_moe"
 
 
-def test_health_generate_runs_a_token_and_leaves_nothing_in_flight(server):
+def test_health_generate_runs_a_token_and_leaves_nothing_in_flight(any_server):
+    server = any_server
     r = httpx.get(f"{server.url}/health_generate", timeout=60)
     assert r.status_code == 200
     info = httpx.get(f"{server.url}/get_server_info", timeout=30).json()
@@ -26,7 +29,8 @@ def test_model_info_names_the_model(server):
     assert info["is_generation"] is True and info["model_path"] == MODEL and info["served_model_name"] == MODEL
 
 
-def test_flush_cache_by_get_and_post(server):
+def test_flush_cache_by_get_and_post(any_server):
+    server = any_server
     assert httpx.get(f"{server.url}/flush_cache", timeout=30).status_code == 200
     assert httpx.post(f"{server.url}/flush_cache", timeout=30).status_code == 200
 
@@ -51,8 +55,10 @@ def _stream_until_finish(server, rid: str, started, finishes: dict) -> None:
                     finishes[rid] = finish["type"]
 
 
-def test_abort_request_ends_the_stream_of_its_client(server):
-    """/abort_request by rid or abort_all: the requests' own clients get their finish (abort), nothing hangs."""
+def test_abort_request_ends_the_stream_of_its_client(any_server):
+    """/abort_request by rid or abort_all: the requests' own clients get their finish (abort), nothing hangs
+    (either server.detokenizer mode)."""
+    server = any_server
     for how in ("rid", "all"):
         rids, finishes, threads = [f"victim-{how}-{i}" for i in range(2)], {}, []
         for rid in rids:
@@ -72,6 +78,7 @@ def test_abort_request_ends_the_stream_of_its_client(server):
         assert finishes == {rid: "abort" for rid in rids}
     info = httpx.get(f"{server.url}/get_server_info", timeout=30).json()
     assert info["scheduler"]["num_in_flight"] == 0 and info["num_http_requests_in_flight"] == 0
+    assert wait_idle(server)["kv_tokens_held_by_requests"] == 0
 
 
 def test_native_sampling_keys_of_sglang(server):

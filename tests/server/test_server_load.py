@@ -34,7 +34,8 @@ async def stream_completion(client: httpx.AsyncClient, prompt: str, max_tokens: 
     return chunks, finish, usage
 
 
-def test_64_concurrent_streams_all_complete(server):
+def test_64_concurrent_streams_all_complete(any_server):
+    server = any_server
     async def run():
         limits = httpx.Limits(max_connections=100)
         async with httpx.AsyncClient(base_url=server.url, timeout=120, limits=limits) as client:
@@ -47,7 +48,8 @@ def test_64_concurrent_streams_all_complete(server):
     wait_idle(server)
 
 
-def test_100_streams_cut_off_mid_way_leave_no_kv_allocated(server):
+def test_100_streams_cut_off_mid_way_leave_no_kv_allocated(any_server):
+    server = any_server
     async def cut_off(client: httpx.AsyncClient, i: int) -> int:
         body = {"model": MODEL, "prompt": f"a long story number {i}", "max_tokens": 1500, "ignore_eos": True,
                 "stream": True}

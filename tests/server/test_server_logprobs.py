@@ -69,7 +69,8 @@ def test_generate_logprobs_equal_a_reference_forward(server, reference, temperat
             assert top[0][1] == token and top[0][0] == logprob
 
 
-def test_generate_shapes_text_and_streaming(server):
+def test_generate_shapes_text_and_streaming(any_server):
+    server = any_server                                  # the tokens' text: from either detokenizer mode
     body = dict(text="shapes", return_logprob=True, return_text_in_logprobs=True,
                 sampling_params={"max_new_tokens": 6, "temperature": 0, "ignore_eos": True})
     whole = generate(server, **body)
@@ -91,7 +92,8 @@ def _chat_args(**extra) -> dict:
                 temperature=0, extra_body={"ignore_eos": True}, **extra)
 
 
-def test_chat_logprobs_with_the_openai_client(client):
+def test_chat_logprobs_with_the_openai_client(any_server):
+    client = openai.OpenAI(base_url=f"{any_server.url}/v1", api_key="none", max_retries=0, timeout=60)
     out = client.chat.completions.create(**_chat_args(logprobs=True, top_logprobs=3))
     content = out.choices[0].logprobs.content
     assert len(content) == out.usage.completion_tokens == 10

@@ -1,5 +1,6 @@
 """The official `openai` client against `mode=serve`: chat and completions, streaming and not, and
-greedy output equal to the offline Engine's for the same prompt."""
+greedy output equal to the offline Engine's for the same prompt; every test with the detokenizer process
+and with detokenization in the HTTP worker (server.detokenizer=process / inline)."""
 from __future__ import annotations
 
 import httpx
@@ -9,9 +10,16 @@ openai = pytest.importorskip("openai")
 
 from experiments.compose import compose_config  # noqa: E402
 from runtime.server.tokenizer import ByteTokenizer  # noqa: E402
+from tests.server.conftest import DETOKENIZER_MODES  # noqa: E402
 from tests.server.server_process import engine_overrides  # noqa: E402
 
 MODEL = "tiny_mla_moe"
+
+
+@pytest.fixture(scope="module", params=DETOKENIZER_MODES)
+def server(request, server):
+    """The shared server of each server.detokenizer mode (the module's tests run against both)."""
+    return server if request.param == "process" else request.getfixturevalue("server_inline")
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,7 @@
 """SIGINT / SIGTERM stop the server in order, even with a stream in flight: exit code 0, no child
-process left, the run's records written (the cut-off request recorded as aborted)."""
+process left, the run's records written (the cut-off request recorded as aborted); with the detokenizer
+process or without it (server.detokenizer=inline: then the hop trace marks the detokenizer's hops in the
+HTTP worker)."""
 from __future__ import annotations
 
 import json
@@ -19,6 +21,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("torch")
 
 from runtime.records_io import read_run  # noqa: E402
+from runtime.server.hop_trace import ENV_VAR  # noqa: E402
 from tests.server.server_process import REPO, start_server  # noqa: E402
 
 MODEL = "tiny_mla_moe"
@@ -33,6 +36,14 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def process_name(pid: int) -> str:
+    """The name a server process gave itself (prctl: twinserve-sched, twinserve-detok, twinserve-http1)."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 def cmdline(pid: int) -> str:
@@ -54,9 +65,12 @@ def read_stream_until_closed(url: str, first_chunk: threading.Event) -> None:
         pass
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_signal_shutdown_leaves_no_child_and_writes_records(tmp_path, sig):
-    server = start_server(tmp_path, ["server.graceful_shutdown_s=0"] + LONG_CONTEXT)   # in-flight: aborted at once
+@pytest.mark.parametrize("sig, mode", [(signal.SIGINT, "process"), (signal.SIGTERM, "process"),
+                                       (signal.SIGTERM, "inline")], ids=["SIGINT", "SIGTERM", "SIGTERM-inline"])
+def test_signal_shutdown_leaves_no_child_and_writes_records(tmp_path, sig, mode):
+    hops = tmp_path / "hops"
+    server = start_server(tmp_path, ["server.graceful_shutdown_s=0", f"server.detokenizer={mode}"] + LONG_CONTEXT,
+                          env={ENV_VAR: str(hops)} if mode == "inline" else None)   # in-flight: aborted at once
     try:
         r = httpx.post(f"{server.url}/v1/completions", json={"model": MODEL, "prompt": "done before the end",
                                                              "max_tokens": 4, "ignore_eos": True}, timeout=60)
@@ -69,7 +83,8 @@ def test_signal_shutdown_leaves_no_child_and_writes_records(tmp_path, sig):
         assert dumped["summary"]["num_steps"] == len(steps) == 5
         assert list(steps["num_prefill_tokens"] > 0) == [True, False, False, False, False]
         children = server.child_pids()
-        assert len(children) >= 2                      # scheduler and detokenizer
+        names = [process_name(pid) for pid in children]
+        assert "twinserve-sched" in names and ("twinserve-detok" in names) == (mode == "process"), names
         first_chunk = threading.Event()
         reader = threading.Thread(target=read_stream_until_closed, args=(server.url, first_chunk), daemon=True)
         reader.start()
@@ -87,6 +102,11 @@ def test_signal_shutdown_leaves_no_child_and_writes_records(tmp_path, sig):
         assert sorted(requests["finish_reason"]) == ["abort", "length"]
         assert summary["num_finished"] == 1 and summary["mode"] == "serve" and len(steps) > 0
         assert json.loads((tmp_path / "dump" / "summary.json").read_text())["num_requests"] == 1
+        if mode == "inline":                           # the detokenizer's hops, marked in the HTTP worker
+            from experiments.serving_hops import hop_table, read_marks
+            assert sorted(p.name.split("-")[0] for p in hops.glob("*.csv")) == ["http0", "scheduler"]
+            first = hop_table(read_marks(hops))["first_token"]
+            assert {"sched_send->detok_recv", "detok_recv->detok_send", "detok_send->http_recv"} <= set(first)
     finally:
         if server.proc.poll() is None:
             server.proc.kill()
@@ -116,3 +136,11 @@ def test_stream_interval_batches_a_streams_chunks(tmp_path):
     refused = subprocess.run([sys.executable, "run.py", "mode=serve", "model=tiny_mla_moe", "hardware=cpu",
                               "server.stream_interval=0"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert refused.returncode != 0 and "server.stream_interval=0: must be >= 1" in refused.stderr + refused.stdout
+
+
+def test_a_detokenizer_mode_outside_the_options_is_refused_before_any_process_starts():
+    refused = subprocess.run([sys.executable, "run.py", "mode=serve", "model=tiny_mla_moe", "hardware=cpu",
+                              "server.detokenizer=thread"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    out = refused.stderr + refused.stdout
+    assert refused.returncode != 0
+    assert "server.detokenizer='thread': must be one of process, inline" in out and "twinserve: serving" not in out

@@ -1,7 +1,9 @@
 """server.tokenizer_workers=2: two HTTP + tokenizer processes on one port, one scheduler. The official
 openai client, many concurrent streams (spread over both workers), /abort_request and disconnects
 across workers (no KV left behind), flush_cache, summed metrics, dump_records, and a shutdown that
-leaves no child process."""
+leaves no child process; with the detokenizer process, and all of it again without one
+(server.detokenizer=inline: the scheduler sends each worker its own outputs and replies) on the server of
+the shutdown test, so that the second mode costs one more server start, not two."""
 from __future__ import annotations
 
 import asyncio
@@ -18,8 +20,11 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("torch")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
+from tests.server.conftest import DETOKENIZER_MODES  # noqa: E402
 from tests.server.server_process import REPO, scheduler_info, start_server, wait_idle  # noqa: E402
-from tests.server.test_server_shutdown import LONG_CONTEXT, alive, cmdline, read_stream_until_closed  # noqa: E402
+from tests.server.test_server_shutdown import (  # noqa: E402
+    LONG_CONTEXT, alive, cmdline, process_name, read_stream_until_closed,
+)
 
 MODEL = "tiny_mla_moe"
 WORKERS = ["server.tokenizer_workers=2"]
@@ -141,14 +146,30 @@ def test_flush_cache_summed_metrics_health_and_dump_records(server2, tmp_path):
     assert dumped.status_code == 200 and dumped.json()["summary"]["num_finished"] == 10
 
 
-def test_shutdown_with_two_workers_leaves_no_child_and_writes_records(tmp_path):
-    server = start_server(tmp_path, WORKERS + ["server.graceful_shutdown_s=0"] + LONG_CONTEXT)
+@pytest.mark.parametrize("mode", DETOKENIZER_MODES)
+def test_shutdown_with_two_workers_leaves_no_child_and_writes_records(tmp_path, mode):
+    """inline: the tests above run on this server first."""
+    from runtime.records_io import read_run
+
+    server = start_server(tmp_path, WORKERS + ["server.graceful_shutdown_s=0", f"server.detokenizer={mode}"]
+                          + LONG_CONTEXT)
     try:
+        if mode == "inline":
+            test_openai_client_streams_and_not(server)
+            test_many_concurrent_streams_all_complete(server)
+            test_streams_spread_over_both_workers_and_abort_all_ends_them(server)
+            test_streams_cut_off_by_their_clients_leave_no_kv(server)
+            test_flush_cache_summed_metrics_health_and_dump_records(server, tmp_path)
         r = httpx.post(f"{server.url}/v1/completions", json={"model": MODEL, "prompt": "done", "max_tokens": 3},
                        timeout=60)
         assert r.status_code == 200
+        wait_idle(server)
+        dumped = httpx.post(f"{server.url}/dump_records", json={"dir": str(tmp_path / "before")}, timeout=60).json()
+        before = list(read_run(tmp_path / "before")[0]["finish_reason"])
         children = server.child_pids()
-        assert len(children) >= 4                        # scheduler, detokenizer, two workers
+        names = [process_name(pid) for pid in children]  # scheduler, detokenizer (process), two workers
+        assert {"twinserve-sched", "twinserve-http1", "twinserve-http2"} <= set(names), names
+        assert ("twinserve-detok" in names) == (mode == "process"), names
         first_chunk = threading.Event()
         reader = threading.Thread(target=read_stream_until_closed, args=(server.url, first_chunk), daemon=True)
         reader.start()
@@ -161,9 +182,11 @@ def test_shutdown_with_two_workers_leaves_no_child_and_writes_records(tmp_path):
             time.sleep(0.1)
         assert [(pid, cmdline(pid)) for pid in children if alive(pid)] == []
         assert "records in" in server.log()
-        from runtime.records_io import read_run
         requests, _, summary = read_run(server.run_dir)
-        assert sorted(requests["finish_reason"]) == ["abort", "length"] and summary["num_finished"] == 1
+        assert sorted(requests["finish_reason"]) == sorted([*before, "abort"])      # the stream cut by shutdown
+        assert summary["num_finished"] == dumped["summary"]["num_finished"] >= 1
+        if mode == "process":
+            assert before == ["length"]
     finally:
         if server.proc.poll() is None:
             server.proc.kill()
