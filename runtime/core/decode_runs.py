@@ -305,9 +305,12 @@ class DecodeRuns:
         of the running batch, new_token_ratio decayed once per step after the first, step ids advanced."""
         sched = self.sched
         sched._keep_running(lambda r: not r.is_finished)
+        ratio, decay, floor = sched.new_token_ratio, sched.config.new_token_ratio_decay, sched.config.min_new_token_ratio
         for _ in range(num_steps - 1):               # sequentially, to round exactly as stepping does
-            sched.new_token_ratio = max(sched.new_token_ratio - sched.config.new_token_ratio_decay,
-                                        sched.config.min_new_token_ratio)
+            ratio = max(ratio - decay, floor)
+            if ratio == floor:                       # it stays there (decay >= 0)
+                break
+        sched.new_token_ratio = ratio
         sched.step_id += num_steps
 
     def _apply_tokens(self, member: tuple[Request, int, list[int]], num_tokens: int,
