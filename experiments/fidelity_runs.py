@@ -1,7 +1,8 @@
 """The fidelity workloads, run for real and simulated with the same overrides and seed: one model runner
 (weights, CUDA graphs, warm-up) serves every real run, each with a fresh scheduler, writing what
 `mode=real` writes (records, summary, predicted_s, step_shapes.parquet: every step's full shape, so any
-cost model can be scored later on the real plans). `--sim` runs `mode=sim` for each workload and cost
+cost model can be scored later on the real plans) and launch_times.parquet (each step's launch on the host
+clock, experiments.launch_timer). `--sim` runs `mode=sim` for each workload and cost
 model instead (no GPU).
 
   python experiments/fidelity_runs.py --real --out /tmp/fidelity/real            # GPU
@@ -17,6 +18,7 @@ from pathlib import Path
 from hydra.utils import instantiate
 
 from experiments.compose import compose_config
+from experiments.launch_timer import LAUNCH_TIMES_FILE, LaunchTimer
 from runtime.build import build_core, leaked_slots
 from runtime.metrics import step_prediction_error, summarize
 from runtime.records_io import requests_frame, steps_frame, write_run
@@ -61,7 +63,8 @@ def run_real_workload(runner, overrides: list[str], out: Path) -> dict:
     predict = step_predictor(build_cost_model(cfg, core), overlap=bool(cfg.overlap), shapes=shapes)
 
     pauses = GCPauses(float(cfg.real.gc_warning_threshold_s))
-    driver = RealDriver(core.scheduler, runner, as_fast_as_possible=bool(cfg.real.as_fast_as_possible),
+    timer = LaunchTimer(runner)              # each step's launch on the host clock (launch_times.parquet)
+    driver = RealDriver(core.scheduler, timer, as_fast_as_possible=bool(cfg.real.as_fast_as_possible),
                         progress=False, overlap=bool(cfg.overlap), predict=predict)
     specs = instantiate(cfg.workload).requests()
     started = time.perf_counter()
@@ -74,6 +77,7 @@ def run_real_workload(runner, overrides: list[str], out: Path) -> dict:
                    overrides=overrides, gc=pauses.summary())
     write_run(out, requests, steps, summary, plots=False)
     write_step_shapes(out, shapes_frame(shapes))
+    timer.frame().to_parquet(Path(out) / LAUNCH_TIMES_FILE, index=False)
     return summary
 
 

@@ -28,6 +28,10 @@ def test_a_tp2_layout_is_run_and_scored_as_that_layout(tmp_path):
     run_dir = tmp_path / "real" / "shared_prefix_lpm"
     real_steps = pd.read_parquet(run_dir / "steps.parquet")
     assert pd.read_parquet(run_dir / "step_shapes.parquet")["step_id"].tolist() == real_steps["step_id"].tolist()
+    launches = pd.read_parquet(run_dir / "launch_times.parquet").set_index("step_id").loc[real_steps["step_id"]]
+    assert (launches["launch_start_s"] <= launches["launch_end_s"]).all() and (launches["poll_s"] >= 0).all()
+    assert launches["launch_start_s"].is_monotonic_increasing      # one launch after another, on the steps' clock
+    assert (launches["launch_start_s"].to_numpy() <= real_steps["end_s"].to_numpy()).all()
     run_sims(tmp_path / "sim", ["shared_prefix_lpm"], base)
     errors, steps, _ = build(tmp_path / "real", tmp_path / "sim", ["shared_prefix_lpm"], base)
     assert len(errors) == 3 and len(steps) == len(real_steps)

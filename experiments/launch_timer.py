@@ -1,0 +1,54 @@
+"""An Executor wrapper that records, per launched step, when its launch began and returned on the driver's host
+clock, and how long the polls inside it took (the step ahead completed during the launch): the host side of
+each real step, next to the device interval the step records hold. Torch-free; wraps any Executor.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import pandas as pd
+
+from runtime.executor import accepts_poll
+
+LAUNCH_TIMES_FILE = "launch_times.parquet"
+
+
+class LaunchTimer:
+    """Passes every call through to `executor`; `launch(plan, poll=...)` is timed. Times are seconds since
+    `clock_origin()` was called (the driver calls it right before it takes its own origin), so they sit on the
+    timeline of the step records' start_s / end_s."""
+
+    def __init__(self, executor: Any, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._executor, self._clock = executor, clock
+        self._takes_poll = accepts_poll(executor)
+        self._origin = clock()
+        self.rows: list[tuple[int, float, float, float]] = []
+
+    def clock_origin(self):
+        self._origin = self._clock()
+        return self._executor.clock_origin()
+
+    def launch(self, plan, poll: Callable[[], None] | None = None):
+        polled = [0.0]
+
+        def timed_poll() -> None:
+            begin = self._clock()
+            poll()
+            polled[0] += self._clock() - begin
+
+        begin = self._clock()
+        if poll is not None and self._takes_poll:
+            step = self._executor.launch(plan, poll=timed_poll)
+        else:
+            step = self._executor.launch(plan)
+        end = self._clock()
+        self.rows.append((plan.step_id, begin - self._origin, end - self._origin, polled[0]))
+        return step
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._executor, name)
+
+    def frame(self) -> pd.DataFrame:
+        """One row per launched step: step_id, launch_start_s, launch_end_s, poll_s (inside the launch)."""
+        return pd.DataFrame(self.rows, columns=["step_id", "launch_start_s", "launch_end_s", "poll_s"])
