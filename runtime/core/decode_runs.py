@@ -253,7 +253,9 @@ class DecodeRuns:
         if not finish_steps or finish_steps[-1] != k:
             finish_steps.append(k)
         # slots of steps 2..k, member by member (row i), written into a request once: when it ends or after the run
-        slots = np.empty((len(members), k - 1), dtype=SLOT_DTYPE)                     # [n, k-1]
+        # (placeholder slots, a counting allocator's: only counted into the requests, no matrix)
+        placeholders = kv.placeholder_slots is not None
+        slots = None if placeholders else np.empty((len(members), k - 1), dtype=SLOT_DTYPE)   # [n, k-1]
         alive = np.arange(len(members))                                              # [n] rows still running
         lefts = np.array([left for _, left, _ in members], dtype=np.int64)           # [n]
         used: list[int] = []
@@ -266,7 +268,8 @@ class DecodeRuns:
             if target > allocated:                   # one allocator call for the steps up to this finish
                 free = kv.allocator.num_free_slots
                 rows, sizes = kv.allocate_rows(n, target - allocated, end_s[0])
-                slots[alive, allocated - 1:target - 1] = rows
+                if not placeholders:
+                    slots[alive, allocated - 1:target - 1] = rows
                 if sizes:
                     evicted = np.array([0, *accumulate(sizes)], dtype=np.int64)
                 allocated = target
@@ -279,7 +282,10 @@ class DecodeRuns:
             for i in ending.get(f, ()):
                 member = members[i]
                 req = member[0]
-                req.append_kv_slots(slots[i, :target - 1])
+                if placeholders:
+                    req.count_kv_slots(target - 1)
+                else:
+                    req.append_kv_slots(slots[i, :target - 1])
                 self._apply_tokens(member, f, end_s, clip)
                 sched._end(req, req.finishes_with(req.output_ids[-1]), end_s[f - 1])
             if f in ending:
@@ -291,7 +297,10 @@ class DecodeRuns:
             sched.reserved_running_tokens -= int((np.minimum(rest, clip) - np.minimum(rest - k, clip)).sum())
         for i in alive.tolist():                     # _apply_tokens of k tokens, inlined
             req, _, toks = members[i]
-            req.append_kv_slots(slots[i])
+            if placeholders:
+                req.count_kv_slots(k - 1)
+            else:
+                req.append_kv_slots(slots[i])
             req.num_computed_tokens += k
             req.output_ids.extend(toks if len(toks) == k else toks[:k])
             req.token_times_s.extend(end_s)

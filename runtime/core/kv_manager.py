@@ -5,8 +5,6 @@ Must not import torch, simpy or time.
 """
 from __future__ import annotations
 
-import weakref
-
 import numpy as np
 
 from runtime.core.cache.counting_allocator import SlotAllocator
@@ -23,8 +21,8 @@ class KVManager:
         self.allocator = allocator
         self.cache = cache
         self.page_size = allocator.page_size
-        # each prompt-only request's last match: the next match of it goes on from there
-        self._last_match: weakref.WeakKeyDictionary[Request, MatchResult] = weakref.WeakKeyDictionary()
+        # a counting allocator's shared placeholder slots: requests hold views of them, nothing is copied
+        self.placeholder_slots: np.ndarray | None = getattr(allocator, "placeholder_slots", None)
 
     # -- sizes -------------------------------------------------------------------
     @property
@@ -44,15 +42,18 @@ class KVManager:
         (the last position must run through the model to give logits) and, for a request that wants
         prompt log-probabilities from `logprob_start_len` on, none from there (SGLang caps the match
         there: those positions' logits come from its own prefill). With `now` the matched nodes count
-        as accessed at `now` (SGLang's match_prefix). Mutates no request."""
+        as accessed at `now` (SGLang's match_prefix). Changes no request's state (a prompt-only request
+        keeps its last match, `Request._last_match`, which the next match goes on from)."""
         tokens = req.tokens()
         limit = len(tokens) - 1
         if req.sampling.logprob_start_len >= 0:
             limit = min(limit, req.sampling.logprob_start_len)
         if req.output_ids:             # tokens that may still change (retracted, overlap placeholders)
             return self.cache.match_prefix(tokens, max_tokens=limit, now=now)
-        result = self.cache.match_prefix(tokens, max_tokens=limit, now=now, start=self._last_match.get(req))
-        self._last_match[req] = result
+        last = req._last_match              # (manager, match): this manager's last match of the request
+        result = self.cache.match_prefix(tokens, max_tokens=limit, now=now,
+                                         start=last[1] if last is not None and last[0] is self else None)
+        req._last_match = (self, result)
         return result
 
     @staticmethod
@@ -70,7 +71,10 @@ class KVManager:
         assert not req.num_kv_slots and req.cache_node is None, f"{req.rid} already owns KV"
         self.cache.lock(match.node, now, req.priority)
         req.cache_node = match.node
-        req.set_kv_slots_from(match.length, match.write_slots)
+        if self.placeholder_slots is not None:
+            req.hold_placeholder_slots(match.length, self.placeholder_slots)
+        else:
+            req.set_kv_slots_from(match.length, match.write_slots)
         req.kv_version += 1
         req.num_computed_tokens = match.length
         req.num_locked_prefix_tokens = match.length
@@ -102,7 +106,10 @@ class KVManager:
             raise MemoryError(f"KV pool exhausted allocating {num_tokens} tokens for {req.rid}")
         last_slot = req.kv_slots[-1] if start else None
         slots = self.allocator.allocate_slots(start, num_tokens, last_slot)
-        req.append_kv_slots(slots)
+        if self.placeholder_slots is not None:
+            req.count_kv_slots(num_tokens)
+        else:
+            req.append_kv_slots(slots)
         return slots
 
     def allocate_decode(self, reqs: list[Request], now: float) -> list[int]:
@@ -113,6 +120,10 @@ class KVManager:
         if not self.ensure_free_pages(len(reqs), now):
             raise MemoryError(f"KV pool exhausted allocating a decode step of {len(reqs)} requests")
         slots = self.allocator.allocate_slots(0, len(reqs), None).tolist()
+        if self.placeholder_slots is not None:
+            for req in reqs:
+                req.count_kv_slots(1)
+            return slots
         for req, slot in zip(reqs, slots):
             n = req.num_kv_slots
             buf = req._slot_buf
@@ -175,7 +186,8 @@ class KVManager:
         self.cache.unlock(req.cache_node, now)
         req.cache_node = node
         if already > locked:                    # the cache held [locked, already): use its slots
-            req.kv_slots[locked:already] = self.cache.path_slots(node, aligned, locked, already)
+            if self.placeholder_slots is None:  # (placeholders: the same either way)
+                req.kv_slots[locked:already] = self.cache.path_slots(node, aligned, locked, already)
             req.kv_version += 1
         req.num_locked_prefix_tokens = aligned
 

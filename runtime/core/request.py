@@ -136,6 +136,8 @@ class Request:
     finish_s: float | None = None
     token_times_s: list[float] = field(default_factory=list)
     admitted_s: float | None = None
+    # (KV manager, its last prefix match of this prompt-only request): the next match goes on from there
+    _last_match: tuple[Any, Any] | None = field(default=None, repr=False)
 
     @classmethod
     def from_spec(cls, spec: RequestSpec) -> "Request":
@@ -180,6 +182,21 @@ class Request:
         if end > self._slot_buf.size:
             self._grow_slots(end)
         self._slot_buf[n:end] = slots
+        self.num_kv_slots = end
+
+    def hold_placeholder_slots(self, num_slots: int, placeholders: np.ndarray) -> None:
+        """Replace every slot by the first `num_slots` of `placeholders` (a counting allocator's
+        read-only `placeholder_slots`, whose values mean nothing): `kv_slots` is then a view of it, and
+        `count_kv_slots` grows it without writing (no buffer of the request's own, no copies)."""
+        if num_slots > placeholders.size:
+            raise ValueError(f"{num_slots} slots past the {placeholders.size} placeholders")
+        self._slot_buf, self.num_kv_slots = placeholders, num_slots
+
+    def count_kv_slots(self, num_slots: int) -> None:
+        """kv_slots += `num_slots` placeholder slots (after `hold_placeholder_slots`)."""
+        end = self.num_kv_slots + num_slots
+        if end > self._slot_buf.size:
+            raise ValueError(f"{end} slots past the {self._slot_buf.size} placeholders")
         self.num_kv_slots = end
 
     def _expected_slots(self) -> int:

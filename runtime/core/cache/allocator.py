@@ -60,6 +60,8 @@ class KVSlotAllocator:
     the slots come out in the same order; a double free then shows only in the slot counts.
     """
 
+    placeholder_slots = None   # real slot indices: holders keep copies of them (CountingSlotAllocator's differ)
+
     def __init__(self, num_slots: int, page_size: int = 1, check_double_free: bool = True) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")

@@ -40,6 +40,9 @@ class CountingSlotAllocator:
         self.num_pages: int = num_slots // page_size
         self._slots = np.zeros(self.num_pages * page_size, dtype=SLOT_DTYPE)
         self._slots.flags.writeable = False
+        # every slot it hands out is a view of this one array: a holder may keep a view of it as its own
+        # slots (`Request.hold_placeholder_slots`) instead of copying placeholders into a buffer
+        self.placeholder_slots: np.ndarray = self._slots
         self._free_pages = self.num_pages
 
     # -- sizes (slots unless named pages) -------------------------------------------
