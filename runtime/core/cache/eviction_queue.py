@@ -21,6 +21,7 @@ class EvictionQueue:
 
     def __init__(self, policy: EvictionPolicy) -> None:
         self.policy = policy
+        self._priority_key = policy.priority_key
         self._heap: list[tuple[Any, int, int, TreeNode]] = []
         self._num_pushes = 0  # unique per entry: ties never reach the node
         self._compact_at = _MIN_COMPACT_ENTRIES
@@ -32,12 +33,12 @@ class EvictionQueue:
     def push(self, node: TreeNode) -> None:
         """(Re)queue `node` with its current key if it is a candidate; invalidates older entries."""
         node.queue_version += 1
-        if not node.is_eviction_candidate():
+        if node.parent is None or node.lock_ref or node.children:   # not node.is_eviction_candidate()
             return
         self._num_pushes += 1
-        entry = (self.policy.priority_key(node), self._num_pushes, node.queue_version, node)
-        heapq.heappush(self._heap, entry)
-        if len(self._heap) > self._compact_at:
+        heap = self._heap
+        heapq.heappush(heap, (self._priority_key(node), self._num_pushes, node.queue_version, node))
+        if len(heap) > self._compact_at:
             self._compact()
 
     def pop(self) -> TreeNode | None:

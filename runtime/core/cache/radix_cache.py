@@ -257,35 +257,50 @@ class RadixCache:
         Hits are not counted here (see `insert`). Locking the root is a no-op."""
         if node.evicted:
             raise ValueError(f"cannot lock {node}: it was evicted (lock right after match_prefix)")
+        locked = pinned = repeated = 0
         while node.parent is not None:
             n = len(node.key)
-            if node.lock_ref == 0:
-                self._evictable_tokens -= n
-                self._protected_tokens += n
+            locked += n
+            ref = node.lock_ref
+            if ref == 0:
+                pinned += n
             else:
-                self._repeated_locked_tokens += n
-            self._locked_path_tokens += n
-            node.lock_ref += 1
+                repeated += n
+            node.lock_ref = ref + 1
             node.last_access_s = now
-            node.priority = max(node.priority, priority)
+            if priority > node.priority:
+                node.priority = priority
             node = node.parent
+        self._evictable_tokens -= pinned
+        self._protected_tokens += pinned
+        self._repeated_locked_tokens += repeated
+        self._locked_path_tokens += locked
 
     def unlock(self, node: TreeNode, now: float) -> None:
         """Undo one `lock(node)`: lock_ref -= 1 along root..node, last_access_s = now. Nodes that
         reach lock_ref 0 become evictable. ValueError (and no change) if a count would go negative."""
-        path = self._path_to_root(node)
-        if any(n.lock_ref <= 0 for n in path):
-            raise ValueError(f"unlock of {node} without a matching lock")
+        path = []
+        n = node
+        while n.parent is not None:
+            if n.lock_ref <= 0:
+                raise ValueError(f"unlock of {node} without a matching lock")
+            path.append(n)
+            n = n.parent
+        locked = freed = repeated = 0
         for n in path:
-            n.lock_ref -= 1
-            n.last_access_s = now
             size = len(n.key)
-            self._locked_path_tokens -= size
-            if n.lock_ref == 0:
-                self._protected_tokens -= size
-                self._evictable_tokens += size
+            locked += size
+            n.last_access_s = now
+            ref = n.lock_ref - 1
+            n.lock_ref = ref
+            if ref == 0:
+                freed += size
             else:
-                self._repeated_locked_tokens -= size
+                repeated += size
+        self._locked_path_tokens -= locked
+        self._protected_tokens -= freed
+        self._evictable_tokens += freed
+        self._repeated_locked_tokens -= repeated
         if path:
             self._queue.push(path[0])  # only the deepest node can be a leaf
 
