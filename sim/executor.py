@@ -191,8 +191,13 @@ class SimExecutor:
 
     def decode_tokens(self, plan: StepPlan, num_steps: int) -> list[list[int]]:
         out = []
+        streams = self._streams
         for it in plan.items:
-            first = len(it.request.output_ids)
-            buf, start, length = self._stream(it.request)
+            req = it.request
+            first = len(req.output_ids)
+            span = streams.get(req.rid)              # `_stream`, inlined where the span is prepared and whole
+            if span is None or span[2] < req.sampling.max_new_tokens:
+                span = self._stream(req)
+            buf, start, length = span
             out.append(buf[start + first:start + min(first + num_steps, length)])
         return out

@@ -13,11 +13,13 @@ import numpy as np
 from runtime.core.batch import ForwardMode, StepPlan
 from runtime.core.cache.allocator import SLOT_DTYPE
 from runtime.core.cache.radix_cache import MatchResult
-from runtime.core.request import Request
+from runtime.core.request import Request, RequestStatus
 from runtime.core.shared_prefix import SharedPrefixCount
 
 if TYPE_CHECKING:
     from runtime.core.scheduler import Scheduler
+
+_ENDED = (RequestStatus.FINISHED, RequestStatus.ABORTED)   # Request.is_finished
 
 
 class DecodeGroup(NamedTuple):
@@ -158,18 +160,21 @@ class DecodeRuns:
         items = np.empty(len(plan.items), dtype=object)   # [n] the plan's items, picked per group by mask
         items[:] = plan.items
         requests = [it.request for it in plan.items]
+        # the items by last step (stably: plan order within a step), and where each cut's leavers end in it
+        order = np.argsort(last_step, kind="stable")                                  # [n]
+        ends = np.searchsorted(last_step[order], cuts, side="right").tolist()         # [cuts]
+        order = order.tolist()
         shared: SharedPrefixCount | None = None         # made at the first cut (a run without one needs none)
-        before = None
-        for s in cuts:                                      # the batch of steps s+1.. (0-based s)
+        begin = 0
+        for s, end in zip(cuts, ends):                      # the batch of steps s+1.. (0-based s)
             if shared is None:
                 shared = SharedPrefixCount(requests, (), self.sched.kv.cache)
-            leaving = last_step <= s if before is None else (last_step <= s) & (last_step > before)
-            shared.remove([requests[i] for i in np.flatnonzero(leaving).tolist()])
+            shared.remove([requests[i] for i in order[begin:end]])   # those with last step in (previous cut, s]
             kept = last_step > s                                                     # [n]
             group = StepPlan(plan.step_id, ForwardMode.DECODE, items[kept].tolist(), decode_shared_tokens=shared.tokens)
             lens = contexts[kept]
             yield DecodeGroup(s, group, int(lens.sum()), lens)
-            before = s
+            begin = end
 
     def _admission_budget(self, max_steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The PrefillBudget of each later step j = 1 .. max_steps-1 of a decode run when nothing
@@ -243,7 +248,7 @@ class DecodeRuns:
         members = []                                 # (request, tokens left, its tokens), in plan order
         for item, toks in zip(plan.items, tokens):
             req = item.request
-            if not req.is_finished:                  # overlap: one that the step before the run ended
+            if req.status not in _ENDED:             # not req.is_finished: overlap, one that the step before the run ended
                 members.append((req, req.sampling.max_new_tokens - len(req.output_ids), toks))
         ending: dict[int, list[int]] = {}            # finish step -> members ending there, in plan order
         for i, (_, left, _) in enumerate(members):
@@ -313,7 +318,7 @@ class DecodeRuns:
         """What stepping leaves after `num_steps` decode steps besides tokens and KV: finished requests out
         of the running batch, new_token_ratio decayed once per step after the first, step ids advanced."""
         sched = self.sched
-        sched._keep_running(lambda r: not r.is_finished)
+        sched._keep_running(lambda r: r.status not in _ENDED)   # not r.is_finished
         ratio, decay, floor = sched.new_token_ratio, sched.config.new_token_ratio_decay, sched.config.min_new_token_ratio
         for _ in range(num_steps - 1):               # sequentially, to round exactly as stepping does
             ratio = max(ratio - decay, floor)

@@ -223,8 +223,9 @@ class RadixCache:
             child = node.children.get(edge_key(key, pos - off, self.page_size))
             if child is None:
                 leaf_slots = self.allocator.kept_slots(slots[pos:limit])   # the tree's own copy
-                leaf = self._add_leaf(node, key[pos - off:limit - off], leaf_slots, now, priority,
-                                      hit_count=int(count_hit))
+                # an int32 array (a prompt, never mutated) is kept as a view of it, not copied
+                edge = memoryview(key)[pos - off:limit - off] if type(key) is array else key[pos - off:limit - off]
+                leaf = self._add_leaf(node, edge, leaf_slots, now, priority, hit_count=int(count_hit))
                 return pos, leaf
             matched = self._matched_len(key, pos - off, child, limit - off)
             if matched < len(child.key):

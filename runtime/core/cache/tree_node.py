@@ -4,11 +4,12 @@ Must not import torch, simpy or time: timestamps (`*_s`, seconds) are given by t
 """
 from __future__ import annotations
 
+from array import array
 from typing import Any, Hashable, Sequence
 
 
 class TreeNode:
-    """An edge of the radix tree: `key` (token ids: a slice of what was inserted, a list, tuple or int32 array) and `slots` (their KV slot indices, int32,
+    """An edge of the radix tree: `key` (token ids: a slice of what was inserted, a list or tuple, or a read-only view (memoryview) of an inserted int32 array, never copied) and `slots` (their KV slot indices, int32,
     same length; a whole number of pages; never written in place, so splits may share them). Children are keyed by `edge_key` of their key.
 
     `lock_ref` counts running requests pinning this node (> 0: protected from eviction).
@@ -68,6 +69,9 @@ def edge_key(tokens: Sequence[int], pos: int, page_size: int) -> Hashable:
     return tuple(tokens[pos:pos + page_size])
 
 
+_BUFFERS = (array, memoryview)   # compared with each other by value (an edge may be a view of an int32 array)
+
+
 def common_prefix_len(tokens: Sequence[int], pos: int, edge: Sequence[int], end: int | None = None) -> int:
     """Length of the common prefix of tokens[pos:end] and `edge`, using slice comparisons only
     (C speed): one whole-slice compare, then halving chunks to locate the first mismatch.
@@ -76,8 +80,8 @@ def common_prefix_len(tokens: Sequence[int], pos: int, edge: Sequence[int], end:
     segment = tokens[pos:stop]
     if segment == edge:
         return len(edge)
-    if type(segment) is not type(edge):       # a prompt (tuple, int32 array) against outputs (list)
-        segment, edge = list(segment), list(edge)
+    if type(segment) is not type(edge) and not (type(segment) in _BUFFERS and type(edge) in _BUFFERS):
+        segment, edge = list(segment), list(edge)   # a prompt (tuple, int32 array) against outputs (list)
         if segment == edge:
             return len(edge)
     limit = len(segment)
