@@ -46,8 +46,8 @@ class EvictionQueue:
         heap = self._heap
         while heap:
             _, _, version, node = heapq.heappop(heap)
-            if version == node.queue_version and node.is_eviction_candidate():
-                return node
+            if version == node.queue_version and node.parent is not None and not node.lock_ref and not node.children:
+                return node                        # (node.is_eviction_candidate(), inlined)
         return None
 
     def clear(self) -> None:
