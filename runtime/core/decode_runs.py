@@ -261,15 +261,15 @@ class DecodeRuns:
         # (placeholder slots, a counting allocator's: only counted into the requests, no matrix)
         placeholders = kv.placeholder_slots is not None
         slots = None if placeholders else np.empty((len(members), k - 1), dtype=SLOT_DTYPE)   # [n, k-1]
-        alive = np.arange(len(members))                                              # [n] rows still running
-        lefts = np.array([left for _, left, _ in members], dtype=np.int64)           # [n]
+        alive = None if placeholders else np.arange(len(members))                     # [n] rows still running
+        lefts = None if placeholders else np.array([left for _, left, _ in members], dtype=np.int64)   # [n]
+        n = len(members)                             # members still running
         used: list[int] = []
         allocated = 1                                # steps whose slots are allocated (the plan's own)
         base_used, base_allocated = kv.used_tokens(), 1
         for f in finish_steps:
-            n = alive.size
             target = min(f + shift, k)
-            evicted = np.zeros(1, dtype=np.int64)   # [1 + leaves] cumulative tokens evicted
+            evicted = None                           # [1 + leaves] cumulative tokens evicted, where any were
             if target > allocated:                   # one allocator call for the steps up to this finish
                 free = kv.allocator.num_free_slots
                 rows, sizes = kv.allocate_rows(n, target - allocated, end_s[0])
@@ -279,11 +279,16 @@ class DecodeRuns:
                     evicted = np.array([0, *accumulate(sizes)], dtype=np.int64)
                 allocated = target
             if f - 1 > len(used):                    # steps before the finish: allocated through step t
-                t = np.minimum(np.arange(len(used) + 1, f) + shift, k)                   # [m]
-                # stepping evicts at each step until its slots fit: the first leaves reaching the deficit
-                deficit = n * (t - base_allocated) - (free if target > base_allocated else 0)
-                gone = evicted[np.searchsorted(evicted, np.maximum(deficit, 0), side="left")]
-                used.extend((base_used + n * (t - base_allocated) - gone).tolist())
+                first = len(used) + 1                # steps first .. f-1, allocated through t = step + shift (<= k)
+                if evicted is None:                  # nothing evicted: n more slots each step
+                    low = base_used + n * (first + shift - base_allocated)
+                    used.extend(range(low, low + n * (f - first), n) if n else [low] * (f - first))
+                else:
+                    t = np.minimum(np.arange(first, f) + shift, k)                       # [m]
+                    # stepping evicts at each step until its slots fit: the first leaves reaching the deficit
+                    deficit = n * (t - base_allocated) - (free if target > base_allocated else 0)
+                    gone = evicted[np.searchsorted(evicted, np.maximum(deficit, 0), side="left")]
+                    used.extend((base_used + n * (t - base_allocated) - gone).tolist())
             for i in ending.get(f, ()):
                 member = members[i]
                 req = member[0]
@@ -294,18 +299,19 @@ class DecodeRuns:
                 self._apply_tokens(member, f, end_s, clip)
                 sched._end(req, req.finishes_with(req.output_ids[-1]), end_s[f - 1])
             if f in ending:
-                alive = alive[lefts[alive] != f]
+                n -= len(ending[f])
+                if not placeholders:
+                    alive = alive[lefts[alive] != f]
             used.append(kv.used_tokens())
             base_used, base_allocated = used[-1], allocated
-        if alive.size:                               # the rest decode in every step: all k tokens each
-            rest = lefts[alive]
-            sched.reserved_running_tokens -= int((np.minimum(rest, clip) - np.minimum(rest - k, clip)).sum())
-        for i in alive.tolist():                     # _apply_tokens of k tokens, inlined
-            req, _, toks = members[i]
+        # the rest (every member whose tokens outlast the run) decode in every step: all k tokens each
+        rest = [member for member in members if member[1] > k]
+        sched.reserved_running_tokens -= sum(min(left, clip) - min(left - k, clip) for _, left, _ in rest)
+        for i, (req, _, toks) in enumerate(rest):    # _apply_tokens of k tokens, inlined
             if placeholders:
                 req.count_kv_slots(k - 1)
             else:
-                req.append_kv_slots(slots[i])
+                req.append_kv_slots(slots[alive[i]])
             req.num_computed_tokens += k
             req.output_ids.extend(toks if len(toks) == k else toks[:k])
             req.token_times_s.extend(end_s)
