@@ -150,7 +150,7 @@ class DecodeRuns:
                               for it in plan.items], dtype=np.int64)
             contexts = np.array([it.context_tokens for it in plan.items], dtype=np.int64)
         last_step = lefts + (1 if overlap else 0)           # [n] last step (1-based) with request i in it
-        cuts = np.unique(last_step[(last_step >= 1) & (last_step < num_steps)]).tolist()
+        cuts = sorted(set(last_step[(last_step >= 1) & (last_step < num_steps)].tolist()))   # np.unique, in ints
         return self._groups(plan, last_step, contexts, cuts)
 
     def _groups(self, plan: StepPlan, last_step: np.ndarray, contexts: np.ndarray, cuts: list[int]) -> Iterator[DecodeGroup]:

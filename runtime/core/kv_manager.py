@@ -44,11 +44,12 @@ class KVManager:
         there: those positions' logits come from its own prefill). With `now` the matched nodes count
         as accessed at `now` (SGLang's match_prefix). Changes no request's state (a prompt-only request
         keeps its last match, `Request._last_match`, which the next match goes on from)."""
-        tokens = req.tokens()
+        outputs = req.output_ids
+        tokens = req.tokens() if outputs else req.input_ids
         limit = len(tokens) - 1
         if req.sampling.logprob_start_len >= 0:
             limit = min(limit, req.sampling.logprob_start_len)
-        if req.output_ids:             # tokens that may still change (retracted, overlap placeholders)
+        if outputs:                    # tokens that may still change (retracted, overlap placeholders)
             return self.cache.match_prefix(tokens, max_tokens=limit, now=now)
         last = req._last_match              # (manager, match): this manager's last match of the request
         result = self.cache.match_prefix(tokens, max_tokens=limit, now=now,

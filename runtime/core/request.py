@@ -5,6 +5,7 @@ Must not import torch, simpy or time: every timestamp is passed in by a driver.
 from __future__ import annotations
 
 import enum
+import functools
 from array import array
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -82,7 +83,13 @@ class RequestSpec:
     def sampling_params(self) -> SamplingParams:
         if self.sampling is not None:
             return self.sampling
-        return SamplingParams(max_new_tokens=self.output_len, ignore_eos=True)
+        return _default_sampling(self.output_len)
+
+
+@functools.lru_cache(maxsize=4096)
+def _default_sampling(output_len: int) -> SamplingParams:
+    """A spec's sampling without its own: ignore_eos, max_new_tokens = output_len (frozen, so shared)."""
+    return SamplingParams(max_new_tokens=output_len, ignore_eos=True)
 
 
 class RequestStatus(enum.Enum):
