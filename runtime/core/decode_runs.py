@@ -339,7 +339,7 @@ class DecodeRuns:
         req, left, toks = member
         self.sched.reserved_running_tokens -= min(left, clip) - min(left - num_tokens, clip)
         req.num_computed_tokens += num_tokens
-        req.output_ids.extend(toks[:num_tokens])
+        req.output_ids.extend(toks if len(toks) == num_tokens else toks[:num_tokens])
         req.token_times_s.extend(end_s[:num_tokens])
         if req.first_token_s is None:
             req.first_token_s = end_s[0]

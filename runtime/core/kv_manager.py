@@ -105,12 +105,13 @@ class KVManager:
         start = req.num_kv_slots
         if not self.ensure_free_pages(self.allocator.num_pages_needed(start, num_tokens), now):
             raise MemoryError(f"KV pool exhausted allocating {num_tokens} tokens for {req.rid}")
+        if self.placeholder_slots is not None:  # (a placeholder's last slot: 0)
+            slots = self.allocator.allocate_slots(start, num_tokens, 0 if start else None)
+            req.count_kv_slots(num_tokens)
+            return slots
         last_slot = req.kv_slots[-1] if start else None
         slots = self.allocator.allocate_slots(start, num_tokens, last_slot)
-        if self.placeholder_slots is not None:
-            req.count_kv_slots(num_tokens)
-        else:
-            req.append_kv_slots(slots)
+        req.append_kv_slots(slots)
         return slots
 
     def allocate_decode(self, reqs: list[Request], now: float) -> list[int]:
@@ -172,7 +173,10 @@ class KVManager:
                                                num_tokens=aligned, start=MatchResult(locked, req.cache_node),
                                                key_offset=offset)
         if already > locked:
-            self.allocator.free(req.kv_slots[locked:already])
+            if self.placeholder_slots is not None:
+                self.allocator.free_count(already - locked)
+            else:
+                self.allocator.free(req.kv_slots[locked:already])
         return aligned, already, node
 
     def cache_unfinished(self, req: Request, now: float, chunked: bool = False) -> None:
@@ -200,7 +204,10 @@ class KVManager:
             return
         aligned, _, _ = self._insert_computed(req, now, count_hit)
         if req.num_kv_slots > aligned:
-            self.allocator.free(req.kv_slots[aligned:])
+            if self.placeholder_slots is not None:
+                self.allocator.free_count(req.num_kv_slots - aligned)
+            else:
+                self.allocator.free(req.kv_slots[aligned:])
         self.cache.unlock(req.cache_node, now)
         req.cache_node = None
         req.kv_slots = ()
