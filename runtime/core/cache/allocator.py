@@ -15,6 +15,14 @@ _FEW_RUNS = 8      # up to this many runs of consecutive pages, a double-free ch
 _FEW_PAGES = 4     # a free of up to this many pages is checked against the unsettled free pages by scans
 
 
+def pages_needed(start_pos: int, num_tokens: int, page_size: int) -> int:
+    """Pages a sequence of length `start_pos` must newly allocate to grow by `num_tokens`: one per
+    position p in [start_pos, start_pos + num_tokens) with p % page_size == 0 (every slot allocator's count)."""
+    if start_pos < 0 or num_tokens < 0:
+        raise ValueError(f"start_pos and num_tokens must be >= 0, got {start_pos}, {num_tokens}")
+    return -(-(start_pos + num_tokens) // page_size) - -(-start_pos // page_size)
+
+
 def _run_bounds(pages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The maximal runs of consecutive ascending pages in `pages` (non-empty): their first pages
     and their last pages, each sorted ascending on its own (`pages`' dtype, [runs] each). Freed
@@ -106,12 +114,7 @@ class KVSlotAllocator:
 
     # -- allocation -------------------------------------------------------------------
     def num_pages_needed(self, start_pos: int, num_tokens: int) -> int:
-        """Pages a sequence of length `start_pos` must newly allocate to grow by `num_tokens`:
-        one per position p in [start_pos, start_pos + num_tokens) with p % page_size == 0."""
-        if start_pos < 0 or num_tokens < 0:
-            raise ValueError(f"start_pos and num_tokens must be >= 0, got {start_pos}, {num_tokens}")
-        ps = self.page_size
-        return -(-(start_pos + num_tokens) // ps) - -(-start_pos // ps)
+        return pages_needed(start_pos, num_tokens, self.page_size)
 
     def can_allocate(self, start_pos: int, num_tokens: int) -> bool:
         return self.num_pages_needed(start_pos, num_tokens) <= self.num_free_pages

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from runtime.core.cache.allocator import SLOT_DTYPE, KVSlotAllocator
+from runtime.core.cache.allocator import SLOT_DTYPE, KVSlotAllocator, pages_needed
 
 
 class CountingSlotAllocator:
@@ -69,12 +69,7 @@ class CountingSlotAllocator:
 
     # -- allocation -------------------------------------------------------------------
     def num_pages_needed(self, start_pos: int, num_tokens: int) -> int:
-        """Pages a sequence of length `start_pos` must newly allocate to grow by `num_tokens`:
-        one per position p in [start_pos, start_pos + num_tokens) with p % page_size == 0."""
-        if start_pos < 0 or num_tokens < 0:
-            raise ValueError(f"start_pos and num_tokens must be >= 0, got {start_pos}, {num_tokens}")
-        ps = self.page_size
-        return -(-(start_pos + num_tokens) // ps) - -(-start_pos // ps)
+        return pages_needed(start_pos, num_tokens, self.page_size)
 
     def can_allocate(self, start_pos: int, num_tokens: int) -> bool:
         return self.num_pages_needed(start_pos, num_tokens) <= self._free_pages
