@@ -118,33 +118,13 @@ def run_on_ranks(cfg, out: Path, names: list[str], base: list[str]) -> dict[str,
     """Spawn the layout's ranks once (runtime.distributed, as `mode=real` spawns them); the TP leader runs
     `lead_workloads`, the others every step it launches. Returns each workload's summary. A rank that dies stops
     the run naming it (RankFailed)."""
-    import dataclasses
-    import multiprocessing as mp
-
-    from runtime.distributed.app import check_layout, make_tasks, node_plan
-    from runtime.distributed.launch import RankProcesses
+    from runtime.distributed.app import check_layout, run_job
     from runtime.profile.ranks import follow_steps
 
     core = build_core(cfg)
     check_layout(core, 1)
-    plan = node_plan(cfg, core)
-    context = mp.get_context("spawn")
-    tasks, out_queue = make_tasks(cfg, core, plan, context, out, False, None)
-    job = {"out": str(out), "names": list(names), "base": list(base)}
-    tasks = [dataclasses.replace(t, cfg={**t.cfg, "fidelity_job": job}, job=(lead_workloads, follow_steps))
-             for t in tasks]
-    procs = RankProcesses(tasks, out_queue, context)
-    results: dict[int, object] = {}
-    try:
-        procs.start()
-        while len(results) < len(tasks):
-            message = procs.next_message(None)      # raises RankFailed when a rank dies or fails
-            if message[0] == "done":
-                results[message[1]] = message[2]
-        procs.join()
-    finally:
-        procs.stop()
-    return results[next(t.info.rank for t in tasks if t.info.is_leader)]
+    job_cfg = {"fidelity_job": {"out": str(out), "names": list(names), "base": list(base)}}
+    return run_job(cfg, core, out, (lead_workloads, follow_steps), "fidelity", job_cfg)
 
 
 def lead_workloads(task, cfg, core, runner) -> dict[str, dict]:

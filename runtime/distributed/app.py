@@ -200,6 +200,34 @@ def serve(cfg: DictConfig, out_dir: str | Path, collect_output_ids: bool = False
     return results, procs.pids, dispatcher
 
 
+def run_job(cfg: DictConfig, core: CoreComponents, out_dir: str | Path, job: tuple, label: str,
+            job_cfg: dict | None = None):
+    """Spawn this node's ranks of one replica with `job` = (lead, follow) instead of serving
+    (RankTask.job): the TP leader runs lead(task, cfg, core, runner), the others follow(runner, channel).
+    `job_cfg`: keys added to every rank's config. Prints one line naming the ranks (`label` first);
+    returns the leader's result. Raises RankFailed if a rank dies or fails."""
+    import dataclasses
+
+    plan = node_plan(cfg, core)
+    context = mp.get_context("spawn")
+    tasks, out_queue = make_tasks(cfg, core, plan, context, out_dir, False, None)
+    tasks = [dataclasses.replace(t, cfg={**t.cfg, **(job_cfg or {})}, job=job) for t in tasks]
+    print(f"{label}: tp={core.layout.tp} ep={core.layout.ep}: {len(tasks)} ranks ({plan.device_type}, {plan.backend})"
+          f" -> {out_dir}", flush=True)
+    procs = RankProcesses(tasks, out_queue, context)
+    results: dict[int, object] = {}
+    try:
+        procs.start()
+        while len(results) < len(tasks):
+            message = procs.next_message(None)      # raises RankFailed when a rank dies or fails
+            if message[0] == "done":
+                results[message[1]] = message[2]
+        procs.join()
+    finally:
+        procs.stop()
+    return results[next(t.info.rank for t in tasks if t.info.is_leader)]
+
+
 def _wait_ready(procs: RankProcesses, count: int, out_dir: str | Path) -> None:
     """Every rank has built its runner; the run directory then lists the ranks' pids (ranks.json).
     Anything else a rank reports meanwhile is handed back to the message stream."""

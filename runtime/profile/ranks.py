@@ -5,8 +5,6 @@ receive. A rank that dies stops the run naming it (RankFailed). Imports torch in
 """
 from __future__ import annotations
 
-import dataclasses
-import multiprocessing as mp
 import time
 from pathlib import Path
 
@@ -16,30 +14,12 @@ from omegaconf import DictConfig, OmegaConf
 def profile_on_ranks(cfg: DictConfig, core, directory: Path, sections: tuple[str, ...]) -> dict:
     """Spawn the tp ranks of one replica, profile `sections` on the leader into `directory`; the leader's
     result (as run_profile returns it)."""
-    from runtime.distributed.app import make_tasks, node_plan
-    from runtime.distributed.launch import RankProcesses
+    from runtime.distributed.app import run_job
 
     cfg = cfg.copy()
     OmegaConf.set_struct(cfg, False)
     cfg.profile.out_dir, cfg.profile.sections = str(directory), ",".join(sections)
-    plan = node_plan(cfg, core)
-    context = mp.get_context("spawn")
-    tasks, out_queue = make_tasks(cfg, core, plan, context, directory, False, None)
-    tasks = [dataclasses.replace(t, job=(lead_profile, follow_steps)) for t in tasks]
-    print(f"profile: tp={core.layout.tp} ep={core.layout.ep}: {len(tasks)} ranks ({plan.device_type}, {plan.backend})"
-          f" -> {directory}", flush=True)
-    procs = RankProcesses(tasks, out_queue, context)
-    results: dict[int, object] = {}
-    try:
-        procs.start()
-        while len(results) < len(tasks):
-            message = procs.next_message(None)      # raises RankFailed when a rank dies or fails
-            if message[0] == "done":
-                results[message[1]] = message[2]
-        procs.join()
-    finally:
-        procs.stop()
-    return results[next(t.info.rank for t in tasks if t.info.is_leader)]
+    return run_job(cfg, core, directory, (lead_profile, follow_steps), "profile")
 
 
 def lead_profile(task, cfg, core, runner) -> dict:
