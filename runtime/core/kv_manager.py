@@ -173,11 +173,15 @@ class KVManager:
                                                num_tokens=aligned, start=MatchResult(locked, req.cache_node),
                                                key_offset=offset)
         if already > locked:
-            if self.placeholder_slots is not None:
-                self.allocator.free_count(already - locked)
-            else:
-                self.allocator.free(req.kv_slots[locked:already])
+            self._free_slots(req, locked, already)
         return aligned, already, node
+
+    def _free_slots(self, req: Request, start: int, end: int) -> None:
+        """Give back the request's slots [start, end): by count under placeholder slots (no view made)."""
+        if self.placeholder_slots is not None:
+            self.allocator.free_count(end - start)
+        else:
+            self.allocator.free(req.kv_slots[start:end])
 
     def cache_unfinished(self, req: Request, now: float, chunked: bool = False) -> None:
         """After a prefill (chunk): put the computed prefix in the cache so other requests can hit
@@ -204,10 +208,7 @@ class KVManager:
             return
         aligned, _, _ = self._insert_computed(req, now, count_hit)
         if req.num_kv_slots > aligned:
-            if self.placeholder_slots is not None:
-                self.allocator.free_count(req.num_kv_slots - aligned)
-            else:
-                self.allocator.free(req.kv_slots[aligned:])
+            self._free_slots(req, aligned, req.num_kv_slots)
         self.cache.unlock(req.cache_node, now)
         req.cache_node = None
         req.kv_slots = ()
