@@ -202,23 +202,31 @@ class SimDriver:
         """The run's batches (Scheduler.decode_run_batches) and each step's duration and, under overlap,
         its host share, launch and launch lead (else None), for its first `num_steps` steps or fewer: priced
         up to three steps past the one whose end (at least `start_s` plus the GPU time so far) reaches the
-        next arrival, where runs are cut. Only the batches of the priced steps are built and returned."""
+        next arrival, where runs are cut. Batches are priced together, a window of steps at a time: the
+        first batch alone, then as many steps as the last one's duration says reach the arrival (with a
+        margin; every step after a finish is shorter); only the batches of the steps kept are returned."""
         batches = self.scheduler.decode_run_batches(plan, num_steps, overlap)
-        groups, durations, hosts, launches, leads = [], [], [], [], []
-        needed, until = num_steps, start_s
+        groups, ends, durations, hosts, launches, leads = [], [], [], [], [], []
+        needed, until, window = num_steps, start_s, 1
         group = next(batches)
         while group is not None and group.first_step < needed:
-            following = next(batches, None)
-            first, end = group.first_step, following.first_step if following is not None else num_steps
-            step_s = self.executor.decode_durations_s(group.plan, end, group.context_tokens, first_step=first,
-                                                      context_lens=group.context_lens)
+            first = group.first_step                 # the window: groups from here through first + window steps
+            window_groups, window_ends = [], []
+            while group is not None and group.first_step < needed and group.first_step < first + window:
+                following = next(batches, None)
+                window_groups.append(group)
+                window_ends.append(following.first_step if following is not None else num_steps)
+                group = following
+            step_s = self.executor.decode_groups_durations_s(window_groups, window_ends)      # [m]
+            groups += window_groups
+            ends += window_ends
             durations.append(step_s)
-            groups.append(group)
             if overlap:
-                hosts.append(np.full(end - first, self.executor.decode_host_s(group.plan)))
-                launch_s, lead_s = self.executor.decode_launch_s(group.plan)
-                launches.append(np.full(end - first, launch_s))
-                leads.append(np.full(end - first, lead_s))
+                counts = [end - g.first_step for g, end in zip(window_groups, window_ends)]
+                step_launches = [self.executor.decode_launch_s(g.num_reqs) for g in window_groups]
+                hosts.append(np.repeat([self.executor.decode_host_s(g.num_reqs) for g in window_groups], counts))
+                launches.append(np.repeat([launch for launch, _ in step_launches], counts))
+                leads.append(np.repeat([lead for _, lead in step_launches], counts))
                 step_s = step_s - hosts[-1]
             if next_arrival is not None and needed == num_steps:
                 reach = np.cumsum(np.concatenate(([until], step_s)))[1:]   # a lower bound on the ends
@@ -226,7 +234,11 @@ class SimDriver:
                 if hit.size:
                     needed = min(num_steps, first + int(hit[0]) + 3)
                 until = float(reach[-1])
-            group = following
+                window = max(2 * len(step_s), int((next_arrival - until) / max(float(step_s[-1]), 1e-9) * 1.1) + 4)
+            else:
+                window = num_steps
+        kept = sum(1 for g in groups if g.first_step < needed)          # a window may have priced past `needed`
+        groups = groups[:kept]
         durations = (np.concatenate(durations) if len(durations) > 1 else durations[0])[:needed]
         if not overlap:
             return groups, durations, None, None, None
@@ -249,15 +261,15 @@ class SimDriver:
         running count after it (a group's plan is at the run's first step: step j is its step j)."""
         bounds = [group.first_step for group in groups[1:]] + [len(ends)]
         j, m = 0, len(ends)
-        for (_, batch, context, _), end in zip(groups, bounds):
+        for group, end in zip(groups, bounds):
             end = min(end, m)
-            size = batch.batch_size
+            size = group.num_reqs
             while j < end:
                 t = j
                 while t < end - 1 and num_running[t] == size:
                     t += 1                                  # a record call: running == batch but at its last step
-                steps.record_decode_run(batch, starts[j:t + 1], ends[j:t + 1], used[j:t + 1], num_waiting,
-                                        num_running[t], step_offset=j, context_tokens=context)
+                steps.record_decode_run(group.plan, starts[j:t + 1], ends[j:t + 1], used[j:t + 1], num_waiting,
+                                        num_running[t], step_offset=j, context_tokens=group.context_tokens)
                 j = t + 1
             if j >= m:
                 break
@@ -362,6 +374,8 @@ class SimDriver:
         falls at or before any planning time inside it, and where Scheduler.decode_run_length allows
         (requests may finish inside it: its batch shrinks at known steps). Returns (the run's batches, starts, ends, the planning time of the step after the
         run, planning times of steps 1..k-1), or None if fewer than two steps remain."""
+        if next_arrival is not None and next_arrival <= prev_end_s:
+            return None     # step 1 is planned once the step in flight ended: it would see the arrival
         groups, durations, hosts, launches, leads = self._run_costs(plan, num_steps, True, prev_end_s, next_arrival)
         times = self._gpu_bound_run_times(durations, hosts, launches, leads, sched_s, prev_end_s, launched_by_s,
                                           next_arrival)

@@ -11,6 +11,7 @@ from typing import Sequence
 import numpy as np
 
 from runtime.core.batch import StepPlan, StepResult
+from runtime.core.decode_runs import DecodeGroup
 from runtime.core.request import Request, RequestSpec
 from runtime.core.shared_prefix import shared_prefix_tokens
 from runtime.executor import FinishedStep
@@ -99,7 +100,7 @@ def _hashed_ids(x: np.ndarray, vocab_size: int) -> np.ndarray:
 class SimExecutor:
     """An Executor (runtime/executor.py): `execute(plan)` -> StepResult with the cost model's
     duration, `launch(plan)` the same as an already finished step (no clock of its own: the driver
-    places it on its clock). Beyond the Protocol, for exact decode fast-forward, `decode_durations_s`
+    places it on its clock). Beyond the Protocol, for exact decode fast-forward, `decode_groups_durations_s`
     and `decode_tokens` give k consecutive decode steps of an unchanged batch at once.
     Each request's token stream is generated once, vectorised: on first use, or for a whole
     workload at once (`prepare_streams`)."""
@@ -155,39 +156,45 @@ class SimExecutor:
     def launch(self, plan: StepPlan) -> FinishedStep:
         return FinishedStep(self.execute(plan))
 
-    def decode_host_s(self, plan: StepPlan) -> float:
-        """Host share of each step of a decode run of `plan`'s batch (independent of context)."""
-        n = len(plan.items)
+    def decode_host_s(self, num_reqs: int) -> float:
+        """Host share of each step of a decode run of a batch of `num_reqs` (independent of context)."""
+        n = num_reqs
         host = self._decode_hosts.get(n)
         if host is None:
             host = self._decode_hosts[n] = self.cost_model.host_time_s(StepShape(num_decode_reqs=n, decode_context_tokens=n))
         return host
 
-    def decode_launch_s(self, plan: StepPlan) -> tuple[float, float]:
-        """(launch, launch lead) of each step of a decode run of `plan`'s batch: the host time of its
+    def decode_launch_s(self, num_reqs: int) -> tuple[float, float]:
+        """(launch, launch lead) of each step of a decode run of a batch of `num_reqs`: the host time of its
         launch and the part of it before the device can begin (StepResult.launch_s, .launch_lead_s)."""
-        n = len(plan.items)
+        n = num_reqs
         launch = self._decode_launches.get(n)
         if launch is None:
             launch = self._decode_launches[n] = self._launch_and_lead(StepShape(num_decode_reqs=n, decode_context_tokens=n))
         return launch
 
-    def decode_durations_s(self, plan: StepPlan, num_steps: int, context_tokens: int | None = None,
-                           first_step: int = 0, context_lens: np.ndarray | None = None) -> np.ndarray:
-        """Durations [num_steps - first_step] of steps first_step .. num_steps-1 of a decode run of
-        `plan`'s batch from its own on (`context_tokens`: its items' context_tokens summed, and
-        `context_lens`: each item's (int64 [items]), when the caller has them)."""
-        num_reqs = len(plan.items)
-        context0 = sum(it.context_tokens for it in plan.items) if context_tokens is None else context_tokens
-        context = context0 + num_reqs * np.arange(first_step, num_steps, dtype=np.int64)   # [k]
-        shared = plan.decode_shared_tokens           # the batch's: constant over the run
-        if shared is None:
-            shared = shared_prefix_tokens(it.request for it in plan.items)
-        if context_lens is None:
-            first_lens = np.fromiter((it.context_tokens + first_step for it in plan.items), dtype=np.int64, count=num_reqs)
-        else:
-            first_lens = context_lens + first_step                                         # [items] a new array
-        return self.cost_model.decode_times_s(num_reqs, context, shared, first_lens)
+    def decode_groups_durations_s(self, groups: Sequence[DecodeGroup], ends: Sequence[int]) -> np.ndarray:
+        """Durations of consecutive batches of one decode run, concatenated: group g's steps
+        groups[g].first_step .. ends[g]-1 (its batch's contexts at the run's first step, one token more
+        per request each step), priced by the cost model in one call."""
+        num_reqs, steps, shared, lens = [], [], [], []
+        firsts, contexts0 = [], []
+        for group, end in zip(groups, ends):
+            first = group.first_step
+            num_reqs.append(group.num_reqs)
+            steps.append(end - first)
+            firsts.append(first)
+            contexts0.append(group.context_tokens)
+            tokens = group.shared_tokens             # the batch's: constant while it runs
+            shared.append(shared_prefix_tokens(it.request for it in group.plan.items) if tokens is None else tokens)
+            lens.append(group.context_lens + first)
+        counts = np.asarray(steps, dtype=np.int64)                                            # [g]
+        # step j of group g: its context at the group's first step plus one token per request per step
+        offsets = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)  # [k]
+        context = (np.repeat(np.asarray(contexts0, dtype=np.int64), counts)
+                   + np.repeat(np.asarray(num_reqs, dtype=np.int64), counts)
+                   * (np.repeat(np.asarray(firsts, dtype=np.int64), counts) + offsets))      # [k]
+        return self.cost_model.decode_segment_times_s(num_reqs, steps, context, shared, lens)
 
     def decode_tokens(self, plan: StepPlan, num_steps: int) -> list[list[int]]:
         out = []

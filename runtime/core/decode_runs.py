@@ -6,7 +6,7 @@ Must not import torch, simpy or time: times arrive as arguments.
 from __future__ import annotations
 
 from itertools import accumulate
-from typing import TYPE_CHECKING, Iterator, NamedTuple
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 
@@ -22,16 +22,33 @@ if TYPE_CHECKING:
 _ENDED = (RequestStatus.FINISHED, RequestStatus.ABORTED)   # Request.is_finished
 
 
-class DecodeGroup(NamedTuple):
-    """The steps of a decode run from `first_step` (0-based) on, while its batch is `plan`'s items;
-    `context_tokens`: their decode context at the run's first step (sum of context_tokens);
-    `context_lens`: each item's context_tokens at the run's first step (int64 [items], read-only
-    use), so a pricing that needs the requests' own lengths need not walk the items again."""
+class DecodeGroup:
+    """The steps of a decode run from `first_step` (0-based) on, while its batch is `num_reqs` of the run's
+    plan's items (those still running then); `context_tokens`: their decode context at the run's first step
+    (sum of context_tokens); `context_lens`: each one's context_tokens at the run's first step (int64
+    [num_reqs], read-only use); `shared_tokens`: the batch's decode_shared_tokens. `plan`: the batch as a
+    decode plan with the run's step id and positions as of its first step, made when first asked for
+    (pricing and recording need only the numbers above)."""
 
-    first_step: int
-    plan: StepPlan
-    context_tokens: int
-    context_lens: np.ndarray | None = None
+    __slots__ = ("first_step", "num_reqs", "context_tokens", "context_lens", "shared_tokens", "_run_plan",
+                 "_kept", "_plan")
+
+    def __init__(self, first_step: int, run_plan: StepPlan, context_tokens: int, context_lens: np.ndarray,
+                 shared_tokens: int | None, kept: np.ndarray | None = None, num_reqs: int | None = None) -> None:
+        """`kept`: bool [items of run_plan], the items in this batch (None: all, and the batch is run_plan)."""
+        self.first_step, self.context_tokens, self.context_lens = first_step, context_tokens, context_lens
+        self.shared_tokens = shared_tokens
+        self.num_reqs = len(run_plan.items) if num_reqs is None else num_reqs
+        self._run_plan, self._kept = run_plan, kept
+        self._plan: StepPlan | None = run_plan if kept is None else None
+
+    @property
+    def plan(self) -> StepPlan:
+        if self._plan is None:
+            items = [it for it, keep in zip(self._run_plan.items, self._kept.tolist()) if keep]
+            self._plan = StepPlan(self._run_plan.step_id, ForwardMode.DECODE, items,
+                                  decode_shared_tokens=self.shared_tokens)
+        return self._plan
 
 
 class DecodeRuns:
@@ -154,26 +171,23 @@ class DecodeRuns:
         return self._groups(plan, last_step, contexts, cuts)
 
     def _groups(self, plan: StepPlan, last_step: np.ndarray, contexts: np.ndarray, cuts: list[int]) -> Iterator[DecodeGroup]:
-        yield DecodeGroup(0, plan, int(contexts.sum()), contexts)
+        yield DecodeGroup(0, plan, int(contexts.sum()), contexts, plan.decode_shared_tokens)
         if not cuts:
             return
-        items = np.empty(len(plan.items), dtype=object)   # [n] the plan's items, picked per group by mask
-        items[:] = plan.items
         requests = [it.request for it in plan.items]
         # the items by last step (stably: plan order within a step), and where each cut's leavers end in it
         order = np.argsort(last_step, kind="stable")                                  # [n]
         ends = np.searchsorted(last_step[order], cuts, side="right").tolist()         # [cuts]
         order = order.tolist()
         shared: SharedPrefixCount | None = None         # made at the first cut (a run without one needs none)
-        begin = 0
+        begin, n = 0, len(requests)
         for s, end in zip(cuts, ends):                      # the batch of steps s+1.. (0-based s)
             if shared is None:
                 shared = SharedPrefixCount(requests, (), self.sched.kv.cache)
             shared.remove([requests[i] for i in order[begin:end]])   # those with last step in (previous cut, s]
             kept = last_step > s                                                     # [n]
-            group = StepPlan(plan.step_id, ForwardMode.DECODE, items[kept].tolist(), decode_shared_tokens=shared.tokens)
             lens = contexts[kept]
-            yield DecodeGroup(s, group, int(lens.sum()), lens)
+            yield DecodeGroup(s, plan, int(lens.sum()), lens, shared.tokens, kept, n - end)
             begin = end
 
     def _admission_budget(self, max_steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -6,7 +6,7 @@ Imports no torch and no clock; numpy only. A replay or profiled model need only 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, Sequence
 
 import numpy as np
 
@@ -133,6 +133,25 @@ class CostModel(Protocol):
         decode_shared_tokens=shared_tokens, decode_context_lens=first_context_lens + j (or ())))."""
         ...
 
+    def decode_segment_times_s(self, num_reqs: Sequence[int], segment_steps: Sequence[int],
+                               context_tokens: np.ndarray, shared_tokens: Sequence[int],
+                               first_context_lens: Sequence[np.ndarray | None]) -> np.ndarray:
+        """decode_times_s of consecutive segments of one decode run, concatenated: segment i is
+        segment_steps[i] steps of a batch of num_reqs[i] requests, whose context sums are the next
+        segment_steps[i] entries of context_tokens, with shared_tokens[i] and first_context_lens[i]
+        (its step-0 lengths, or None). `decode_segments_one_by_one` is the plain implementation."""
+        ...
+
     def breakdown_s(self, shape: StepShape) -> dict[str, float]:
         """Per-operator durations of the step; the values sum to step_time_s(shape)."""
         ...
+
+
+def decode_segments_one_by_one(model: CostModel, num_reqs: Sequence[int], segment_steps: Sequence[int],
+                               context_tokens: np.ndarray, shared_tokens: Sequence[int],
+                               first_context_lens: Sequence[np.ndarray | None]) -> np.ndarray:
+    """CostModel.decode_segment_times_s as one decode_times_s call per segment."""
+    bounds = np.cumsum([0, *segment_steps]).tolist()
+    parts = [model.decode_times_s(n, context_tokens[a:b], shared, lens)
+             for n, a, b, shared, lens in zip(num_reqs, bounds[:-1], bounds[1:], shared_tokens, first_context_lens)]
+    return np.concatenate(parts) if len(parts) != 1 else parts[0]

@@ -18,7 +18,7 @@ falling back to the roofline, scaled to the nearest measured point, outside the 
 from __future__ import annotations
 
 import bisect
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -27,7 +27,7 @@ from runtime.core.hardware import HardwareSpec
 from runtime.core.layout import ParallelLayout
 from runtime.core.mla_form import mla_attends_as_mha
 from runtime.core.model_spec import ModelSpec
-from sim.costmodel.base import CostModel, StepShape
+from sim.costmodel.base import CostModel, StepShape, decode_segments_one_by_one
 from sim.costmodel.mla_kv_split import KVSplitExcess, num_clusters
 from sim.costmodel.profile_host import HostTable
 from sim.costmodel.profile_launch import LaunchTable
@@ -169,6 +169,55 @@ class ProfiledCostModel:
                 StepShape(num_decode_reqs=num_reqs, decode_context_tokens=num_reqs))
         return self._decode_s(num_reqs, np.asarray(context_tokens, dtype=np.float64), shared_tokens,
                               first_context_lens) + host
+
+    def decode_segment_times_s(self, num_reqs: Sequence[int], segment_steps: Sequence[int],
+                               context_tokens: np.ndarray, shared_tokens: Sequence[int],
+                               first_context_lens: Sequence[np.ndarray | None]) -> np.ndarray:
+        """decode_times_s of every segment in one pass: the same arithmetic elementwise (so the same
+        floats), with one table lookup per distinct (path, padded batch) rather than per segment."""
+        if self.kv_split is not None:
+            return decode_segments_one_by_one(self, num_reqs, segment_steps, context_tokens, shared_tokens,
+                                              first_context_lens)
+        counts = np.asarray(segment_steps, dtype=np.int64)                                  # [g]
+        context = np.asarray(context_tokens, dtype=np.float64)                              # [k]
+        self.num_priced += len(context)
+        if any(shared_tokens):   # as _decode_s: a segment with shared tokens is priced at a shorter context
+            shared = np.repeat(np.asarray(shared_tokens, dtype=np.int64), counts)            # [k]
+            context = np.where(shared != 0, context - (1.0 - self.shared_read_fraction) * shared, context)
+        keys, pads, hosts = [], [], []
+        for n in num_reqs:
+            table, batch = self.eager, n
+            if 0 < n <= self.graph_max_bs:
+                table = self.graph
+                i = bisect.bisect_left(self.capture_sizes, n)
+                batch = self.capture_sizes[i] if i < len(self.capture_sizes) else n
+            keys.append((table is self.graph, batch))
+            pads.append(batch - n)
+            host = self._decode_host_cache.get(n)
+            if host is None:
+                host = self._decode_host_cache[n] = self.host_time_s(StepShape(num_decode_reqs=n, decode_context_tokens=n))
+            hosts.append(host)
+        if any(pads):                                         # padding rows attend one token each
+            context = context + np.repeat(np.asarray(pads, dtype=np.int64), counts)
+        distinct = set(keys)
+        if len(distinct) == 1:
+            graph, batch = keys[0]
+            times, inside = (self.graph if graph else self.eager).lookup(batch, context)
+            step_keys = None
+        else:
+            times, inside = np.empty(len(context)), np.empty(len(context), dtype=bool)
+            step_keys = np.repeat(np.array([keys.index(key) for key in keys]), counts)   # [k] first segment of the key
+            for key in distinct:
+                rows = step_keys == keys.index(key)
+                graph, batch = key
+                times[rows], inside[rows] = (self.graph if graph else self.eager).lookup(batch, context[rows])
+        if not inside.all():
+            outside = np.flatnonzero(~inside)
+            self.fallbacks["decode"] += len(outside)
+            for j in outside:
+                graph, batch = keys[0] if step_keys is None else keys[int(step_keys[j])]
+                times[j] = self._decode_fallback(self.graph if graph else self.eager, batch, float(context[j]))
+        return times + np.repeat(np.asarray(hosts, dtype=np.float64), counts)
 
     def breakdown_s(self, shape: StepShape) -> dict[str, float]:
         return {"device": self.device_time_s(shape), "host": self.host_time_s(shape)}

@@ -6,7 +6,7 @@ from typing import Sequence
 
 import numpy as np
 
-from sim.costmodel.base import StepShape
+from sim.costmodel.base import StepShape, decode_segments_one_by_one
 
 
 class ReplayCostModel:
@@ -37,6 +37,12 @@ class ReplayCostModel:
     def decode_times_s(self, num_reqs: int, context_tokens: np.ndarray, shared_tokens: int = 0,
                        first_context_lens: np.ndarray | None = None) -> np.ndarray:
         return np.array([self.step_time_s(None) for _ in range(len(context_tokens))])  # type: ignore[arg-type]
+
+    def decode_segment_times_s(self, num_reqs: Sequence[int], segment_steps: Sequence[int],
+                               context_tokens: np.ndarray, shared_tokens: Sequence[int],
+                               first_context_lens: Sequence[np.ndarray | None]) -> np.ndarray:
+        return decode_segments_one_by_one(self, num_reqs, segment_steps, context_tokens, shared_tokens,
+                                          first_context_lens)
 
     def breakdown_s(self, shape: StepShape) -> dict[str, float]:
         return {"replayed": self.step_time_s(shape)}

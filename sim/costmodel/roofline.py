@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import yaml
@@ -16,7 +17,7 @@ from runtime.core.graph_grids import extend_token_buckets, padded_size
 from runtime.core.hardware import HardwareSpec
 from runtime.core.layout import ParallelLayout
 from runtime.core.model_spec import ModelSpec
-from sim.costmodel.base import StepShape
+from sim.costmodel.base import StepShape, decode_segments_one_by_one
 from sim.costmodel.collective_table import build_collectives
 from sim.costmodel.profile_tables import PROFILES_DIR
 from sim.costmodel.roofline_ops import (
@@ -157,6 +158,12 @@ class RooflineCostModel:
                        first_context_lens: np.ndarray | None = None) -> np.ndarray:
         ctx = np.asarray(context_tokens, dtype=np.float64)
         return self._total_s((), (), int(num_reqs), ctx, shared_tokens)
+
+    def decode_segment_times_s(self, num_reqs: Sequence[int], segment_steps: Sequence[int],
+                               context_tokens: np.ndarray, shared_tokens: Sequence[int],
+                               first_context_lens: Sequence[np.ndarray | None]) -> np.ndarray:
+        return decode_segments_one_by_one(self, num_reqs, segment_steps, context_tokens, shared_tokens,
+                                          first_context_lens)
 
     def breakdown_s(self, shape: StepShape) -> dict[str, float]:
         fixed = self._fixed(shape.extend_new_tokens, shape.extend_prefix_tokens,

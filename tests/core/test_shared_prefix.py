@@ -58,18 +58,23 @@ def test_decode_runs_count_each_batch_as_stepping_would(tmp_path, monkeypatch, o
     from sim.app import run_sim
     from sim.executor import SimExecutor
 
-    durations = SimExecutor.decode_durations_s
+    durations = SimExecutor.decode_groups_durations_s
     priced: list[int] = []
 
-    def checked(self, plan, num_steps, context_tokens=None, first_step=0, context_lens=None):
-        assert plan.decode_shared_tokens == shared_prefix_tokens(it.request for it in plan.items)
-        if context_lens is not None:     # the run's own lengths: the items' at its first step
-            assert context_lens.tolist() == [it.context_tokens for it in plan.items]
-        if first_step:
-            priced.append(plan.decode_shared_tokens)
-        return durations(self, plan, num_steps, context_tokens, first_step, context_lens)
+    def checked(self, groups, ends):
+        for group in groups:
+            plan = group.plan
+            assert group.num_reqs == len(plan.items)
+            assert group.shared_tokens is None or group.shared_tokens == plan.decode_shared_tokens
+            assert plan.decode_shared_tokens == shared_prefix_tokens(it.request for it in plan.items)
+            # the run's own lengths: the items' at its first step
+            assert group.context_lens.tolist() == [it.context_tokens for it in plan.items]
+            assert group.context_tokens == sum(it.context_tokens for it in plan.items)
+            if group.first_step:
+                priced.append(plan.decode_shared_tokens)
+        return durations(self, groups, ends)
 
-    monkeypatch.setattr(SimExecutor, "decode_durations_s", checked)
+    monkeypatch.setattr(SimExecutor, "decode_groups_durations_s", checked)
     overrides = ["progress=false", "print_summary=false", "workload=shared_prefix", "workload.num_groups=3",
                  "workload.prompts_per_group=12", "workload.output_len=48", "workload.range_ratio=0.5",
                  f"overlap={overlap}"]

@@ -126,6 +126,35 @@ def test_decode_runs_match_single_steps_and_host_time_is_added():
     assert model.breakdown_s(StepShape((64,), (0,)))["host"] > 0
 
 
+@pytest.mark.parametrize("graph_limit", [None, 4])
+def test_a_run_of_batches_is_priced_in_one_call_as_batch_by_batch(graph_limit, tmp_path):
+    """decode_segment_times_s (one pass over a run's shrinking batches) gives the very floats of one
+    decode_times_s call per batch: graph and eager batches, padded ones, shared prefixes, steps past
+    the grid (fallbacks, counted the same)."""
+    import shutil
+    from sim.costmodel.base import decode_segments_one_by_one
+    shutil.copytree(SMALL, tmp_path / "profile")
+    shared_rows(small_model(), 0.35).to_csv(tmp_path / "profile" / "decode_shared.csv", index=False)
+    core = build_core(compose_config(TINY))
+
+    def make():
+        return ProfiledCostModel(core.model, core.hardware, core.layout, fallback=RooflineCostModel,
+                                 profile=str(tmp_path / "profile"), cuda_graph_max_bs=graph_limit)
+    num_reqs, steps, shared = [16, 15, 9, 6, 3, 3, 1], [3, 1, 4, 2, 5, 1, 2], [15 * 40, 0, 8 * 40, 0, 2 * 40, 0, 0]
+    contexts, firsts = [], []
+    for n, k in zip(num_reqs, steps):
+        first = n * 200 if n != 3 else n * 2000                  # the batches of 3 attend past the grid
+        contexts.append(first + n * np.arange(k))
+        firsts.append(np.full(n, first // n))
+    context = np.concatenate(contexts)
+    one, every = make(), make()
+    at_once = one.decode_segment_times_s(num_reqs, steps, context, shared, firsts)
+    by_batch = decode_segments_one_by_one(every, num_reqs, steps, context, shared, firsts)
+    assert at_once.tolist() == by_batch.tolist()                 # bit for bit
+    assert one.fallbacks == every.fallbacks and one.fallbacks["decode"] > 0
+    assert one.num_priced == every.num_priced == sum(steps)
+
+
 def test_auto_picks_the_profile_only_where_one_applies():
     cfg = compose_config(["costmodel=auto"])
     core = build_core(cfg)
