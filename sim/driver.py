@@ -261,6 +261,15 @@ class SimDriver:
         running count after it (a group's plan is at the run's first step: step j is its step j)."""
         bounds = [group.first_step for group in groups[1:]] + [len(ends)]
         j, m = 0, len(ends)
+        if m == 0:
+            return
+        if steps.plan_signatures is None:              # one call: each step's batch size and context by group
+            counts = [max(min(end, m) - group.first_step, 0) for group, end in zip(groups, bounds)]
+            sizes = np.repeat([group.num_reqs for group in groups], counts)                       # [m]
+            contexts = np.repeat([group.context_tokens for group in groups], counts) + sizes * np.arange(m)
+            steps.record_decode_steps(groups[0].plan, starts, ends, used, num_waiting, num_running[:m],
+                                      sizes.tolist(), contexts.tolist())
+            return
         for group, end in zip(groups, bounds):
             end = min(end, m)
             size = group.num_reqs

@@ -95,6 +95,36 @@ class StepLog:
                 self.plan_signatures.append(tuple((it.request.rid, it.num_prefix_tokens + j, 1) for it in plan.items))
 
 
+    def record_decode_steps(self, plan: StepPlan, start_s: Sequence[float], end_s: Sequence[float],
+                            kv_tokens_used: Sequence[int], num_waiting: int, num_running: Sequence[int],
+                            batch_sizes: Sequence[int], context_tokens: Sequence[int]) -> None:
+        """Steps 0 .. k-1 of a decode run from `plan` (its own step first) whose batch shrinks as requests
+        finish: step j decodes batch_sizes[j] requests attending context_tokens[j], with num_running[j]
+        running after it; the same rows as record_decode_run over each stretch of one batch. Plan
+        signatures need each step's batch: keep them with record_decode_run."""
+        if self.plan_signatures is not None:
+            raise ValueError("record_decode_steps keeps no plan signatures: record each batch with record_decode_run")
+        k = len(end_s)
+        c = self.columns
+        c["step_id"].extend(range(plan.step_id, plan.step_id + k))
+        c["start_s"].extend(start_s)
+        c["end_s"].extend(end_s)
+        c["mode"].extend([plan.mode.value] * k)
+        c["batch_size"].extend(batch_sizes)
+        c["num_prefill_tokens"].extend([0] * k)
+        c["num_decode_requests"].extend(batch_sizes)
+        c["num_cache_hit_tokens"].extend([0] * k)
+        c["kv_tokens_used"].extend(kv_tokens_used)
+        c["num_retractions"].extend([len(plan.retracted_rids)] + [0] * (k - 1))
+        c["num_waiting"].extend([num_waiting] * k)
+        c["num_running"].extend(num_running)
+        c["extend_prefix_tokens"].extend([0] * k)
+        c["decode_context_tokens"].extend(context_tokens)
+        if self.predicted_from_duration:
+            c["predicted_s"].extend([b - a for a, b in zip(start_s, end_s)])
+        else:
+            c["predicted_s"].extend([float("nan")] * k)
+
     def _predicted(self, start_s: float, end_s: float, predicted_s: float | None) -> float:
         if predicted_s is not None:
             return float(predicted_s)

@@ -107,6 +107,8 @@ class ProfiledCostModel:
         self.fallbacks = {"decode": 0, "prefill": 0}
         self.num_priced = 0
         self._prefill_cache: dict = {}
+        self._terms_cache: dict = {}      # step key -> _extend_terms (priced once, asked again by launch_bound_s)
+        self._log2_cache: dict[int, float] = {}
         self._host_cache: dict[tuple[int, int, int], float] = {}
         self._launch_cache: dict[tuple[int, int, int], float] = {}
         self._bound_cache: dict = {}
@@ -151,7 +153,7 @@ class ProfiledCostModel:
         key = (shape.extend_new_tokens, shape.extend_prefix_tokens, shape.num_decode_reqs, shape.decode_context_tokens)
         cached = self._bound_cache.get(key)
         if cached is None:
-            tokens, pairs, _, form, _ = self._extend_terms(shape)
+            tokens, pairs, _, form, _ = self._terms(key, shape)
             bound, _ = self.launch_bound.lookup(tokens, equivalent_prefix(tokens, pairs), self.columns[form])
             price = self._prefill_cache.get(key)             # the step's price, without counting it again
             if price is None:
@@ -297,9 +299,17 @@ class ProfiledCostModel:
         form = self._form(prefixes + [decode_prefix] * bool(shape.num_decode_reqs), seq_lens)
         return sum(news), pairs, sum(prefixes) + decode_prefix, form, len(news)
 
+    def _terms(self, key: tuple, shape: StepShape) -> tuple[int, float, float, str, int]:
+        """_extend_terms(shape), remembered under the step's key."""
+        terms = self._terms_cache.get(key)
+        if terms is None:
+            terms = self._terms_cache[key] = self._extend_terms(shape)
+        return terms
+
     def _prefill_s(self, shape: StepShape) -> tuple[float, bool]:
         """(seconds, inside the grid) of a step with extends (and decodes as one-token extends)."""
-        tokens, pairs, sum_prefix, form, num_seqs = self._extend_terms(shape)
+        key = (shape.extend_new_tokens, shape.extend_prefix_tokens, shape.num_decode_reqs, shape.decode_context_tokens)
+        tokens, pairs, sum_prefix, form, num_seqs = self._terms(key, shape)
         seconds, inside = self._base_prefill_s(tokens, pairs, sum_prefix, form)
         if num_seqs > 1:
             seconds *= self._multi_factor(form, num_seqs, tokens, sum_prefix / num_seqs)
@@ -398,9 +408,17 @@ class ProfiledCostModel:
         within each measured sequence count (clamped to its box), linear in log2(sequences) between
         counts, 1 at one sequence."""
         levels = self._multi[form]
-        keys = [0.0] + [float(np.log2(s)) for s, _ in levels]
+        log2 = self._log2
+        keys = [0.0] + [log2(s) for s, _ in levels]
         values = [1.0] + [grid(tokens, prefix) for _, grid in levels]
-        return float(lerp_rows(keys, min(float(np.log2(num_seqs)), keys[-1]), lambda i: np.float64(values[i])))
+        return float(lerp_rows(keys, min(log2(num_seqs), keys[-1]), lambda i: np.float64(values[i])))
+
+    def _log2(self, num_seqs: int) -> float:
+        """float(np.log2(num_seqs)), remembered per count (a numpy scalar call costs more than the rest)."""
+        value = self._log2_cache.get(num_seqs)
+        if value is None:
+            value = self._log2_cache[num_seqs] = float(np.log2(num_seqs))
+        return value
 
 
 class _FactorGrid:
