@@ -76,6 +76,12 @@ class Curve:
         return y
 
 
+    def at(self, x: float) -> float:
+        """float(self(x)) for one number, without numpy's per-call overhead where the points allow."""
+        if self._xs is not None:
+            return self._at(float(x))
+        return float(self(x))
+
     def _at(self, x: float) -> float:
         """__call__ at one point, as np.interp computes it (slope of the segment, from its left end)."""
         xs, ys = self._xs, self._ys
@@ -183,9 +189,9 @@ class PrefillColumns:
             curves = self.eager_curves if eager else self.curves
             # the profile measured this token count in the other regime
             inside = inside and (tokens > self.split if eager else tokens <= self.split * _EDGE)
-        at = lambda i: float(curves[prefixes[i]](tokens))   # noqa: E731
+        at = lambda i: curves[prefixes[i]].at(tokens)   # noqa: E731
         if prefix >= prefixes[0] or len(prefixes) == 1:
-            value = lerp_rows(prefixes, min(max(prefix, prefixes[0]), prefixes[-1]), lambda i: np.float64(at(i)))
+            value = lerp_rows(prefixes, min(max(prefix, prefixes[0]), prefixes[-1]), at)
             return float(value), inside
         slope = (at(1) - at(0)) / (prefixes[1] - prefixes[0])
         return max(at(0) - max(slope, 0.0) * (prefixes[0] - prefix), 0.5 * at(0)), inside

@@ -109,6 +109,7 @@ class ProfiledCostModel:
         self._prefill_cache: dict = {}
         self._terms_cache: dict = {}      # step key -> _extend_terms (priced once, asked again by launch_bound_s)
         self._log2_cache: dict[int, float] = {}
+        self._edge_roofline_cache: dict[tuple[int, int], float] = {}   # the roofline at a grid edge (fallbacks)
         self._host_cache: dict[tuple[int, int, int], float] = {}
         self._launch_cache: dict[tuple[int, int, int], float] = {}
         self._bound_cache: dict = {}
@@ -365,8 +366,11 @@ class ProfiledCostModel:
         edge_tokens = int(self.single.edge_tokens(tokens))
         edge_prefix = int(min(max(p_eq, 0), cols[-1]))
         measured, _ = self.single.lookup(edge_tokens, edge_prefix, cols)
-        edge = StepShape((edge_tokens,), (edge_prefix,))
-        return self._roofline_device_s(shape) * measured / self._roofline_device_s(edge)
+        edge = self._edge_roofline_cache.get((edge_tokens, edge_prefix))
+        if edge is None:
+            edge = self._edge_roofline_cache[edge_tokens, edge_prefix] = self._roofline_device_s(
+                StepShape((edge_tokens,), (edge_prefix,)))
+        return self._roofline_device_s(shape) * measured / edge
 
     def _form(self, prefixes: list[int], seq_lens: list[int]) -> str:
         if not self.model.is_mla:
@@ -411,7 +415,7 @@ class ProfiledCostModel:
         log2 = self._log2
         keys = [0.0] + [log2(s) for s, _ in levels]
         values = [1.0] + [grid(tokens, prefix) for _, grid in levels]
-        return float(lerp_rows(keys, min(log2(num_seqs), keys[-1]), lambda i: np.float64(values[i])))
+        return float(lerp_rows(keys, min(log2(num_seqs), keys[-1]), values.__getitem__))
 
     def _log2(self, num_seqs: int) -> float:
         """float(np.log2(num_seqs)), remembered per count (a numpy scalar call costs more than the rest)."""
@@ -432,7 +436,7 @@ class _FactorGrid:
     def __call__(self, tokens: float, prefix: float) -> float:
         t = min(tokens, self.max_tokens)
         p = min(max(prefix, self.prefixes[0]), self.prefixes[-1])
-        return float(lerp_rows(self.prefixes, p, lambda i: self.curves[i](t)))
+        return float(lerp_rows(self.prefixes, p, lambda i: self.curves[i].at(t)))
 
 
 def _launch_bound_rows(rows: pd.DataFrame) -> pd.DataFrame:
