@@ -47,7 +47,19 @@ SHARED_PREFIX_WORKLOADS = {
                                     "workload.system_prompt_len=1024", "workload.output_len=512",
                                     "workload.range_ratio=0.5", "workload.request_rate=16"],
 }
-ALL_WORKLOADS = {**WORKLOADS, **SHARED_PREFIX_WORKLOADS}
+# held out: never used to calibrate or choose a cost-model rule, run to see how the model does on traffic it was
+# not shaped on (other traces, another request rate and policy)
+VALIDATION_WORKLOADS = {
+    "sharegpt_multiturn_300": ["workload=sharegpt_multiturn",
+                               f"workload.path={TRACES / 'sharegpt-llama-3.1-8b-300-sps10.jsonl'}"],
+    "arxiv_96_2rps": ["workload=arxiv", "workload.num_requests=96", "workload.request_rate=2",
+                      f"workload.path={TRACES / 'arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv'}"],
+    "azure_code_150_2x": ["workload=azure_code", "workload.num_requests=150", "workload.time_scale=0.5",
+                          f"workload.path={TRACES / 'AzureLLMInferenceTrace_code.csv'}"],
+    "random_2k_16rps_fcfs": RANDOM + ["policy=fcfs", "workload.input_len=2048", "workload.output_len=128",
+                                      "workload.range_ratio=0.8", "workload.request_rate=16", "workload.num_requests=300"],
+}
+ALL_WORKLOADS = {**WORKLOADS, **SHARED_PREFIX_WORKLOADS, **VALIDATION_WORKLOADS}
 COST_MODELS = ("profiled", "roofline", "roofline_fitted")
 QUIET = ["progress=false", "print_summary=false"]
 

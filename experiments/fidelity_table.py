@@ -19,7 +19,7 @@ import pandas as pd
 
 from experiments.compare_runs import compare, per_request_latencies
 from experiments.compose import compose_config
-from experiments.fidelity_runs import COST_MODELS, WORKLOADS
+from experiments.fidelity_runs import ALL_WORKLOADS, COST_MODELS, WORKLOADS
 from runtime.build import build_core
 from runtime.records_io import read_run
 from sim.predictor import build_cost_model
@@ -37,7 +37,7 @@ def predict_real_plans(name: str, cost: str, real_dir: Path, overlap: bool = Tru
                        base: list[str] | None = None) -> np.ndarray:
     """Device time (overlap) or whole step the cost model gives each step the real run planned; `base`:
     the overrides every run had (e.g. its layout, tp=2)."""
-    cfg = compose_config(["mode=sim", f"costmodel={cost}"] + list(base or []) + WORKLOADS[name])
+    cfg = compose_config(["mode=sim", f"costmodel={cost}"] + list(base or []) + ALL_WORKLOADS[name])
     model = build_cost_model(cfg, build_core(cfg))
     shapes = read_shapes(real_dir)
     return np.array([model.step_time_s(s) - (model.host_time_s(s) if overlap else 0.0) for s in shapes])
@@ -86,7 +86,7 @@ def main() -> None:
     parser.add_argument("--real", type=Path, required=True)
     parser.add_argument("--sim", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--only", nargs="*", default=list(WORKLOADS))
+    parser.add_argument("--only", nargs="*", default=list(WORKLOADS), choices=list(ALL_WORKLOADS))
     parser.add_argument("--base", nargs="*", default=[], help="the overrides of every run (as fidelity_runs --base)")
     args = parser.parse_args()
     errors, steps, requests = build(args.real, args.sim, args.only, args.base)
