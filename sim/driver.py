@@ -103,6 +103,12 @@ class SimDriver:
     launch set, is launched on every rank only then: the ranks launch in lockstep, and a tensor-parallel
     follower receives each step from the leader). After a host-bound step the device is idle by then, and
     the decode lasts its launch plus its kernels (tp=2 serving: 8.5 ms after a prefill, 5.1 ms otherwise).
+    A step whose launch ends it (cost model's launch_ends_step: piecewise-graph extends under tensor
+    parallelism) is taken by every rank once the leader launches it and each rank has launched the step
+    ahead; it ends at the later of its back-to-back interval less what the step ahead still ran after that
+    (its whole launch-bound part at most) and its launch time after it, and its ranks are done launching it
+    only as it ends (a follower's launch of the pieces keeps pace with its device), so a decode replay after
+    it begins its launch then.
     Coalesced decode runs apply the same rules step by step, so their records equal stepping's."""
 
     def __init__(self, scheduler: Scheduler, executor: SimExecutor, fast_forward: bool = True,
@@ -356,8 +362,17 @@ class SimDriver:
                     ready = max(prev_end, launch_begin + lead, launched_by + lead) if lead else start
                     end = ready + result.duration_s - result.host_s       # (this order: decode runs sum the same way)
                     head_start = prev_end - launch_begin
-                    launched_by = launch_begin + result.launch_s
-                    if result.launch_bound_s > 0.0:
+                    if result.launch_ends_step:
+                        # ranks in lockstep: every rank can take the step once the leader launches it and each
+                        # has launched the step ahead (launched_by); only what the device still ran of the step
+                        # ahead after that hides the launch-bound part, and no rank is done launching it before
+                        # its launch time from then, nor (paced by its device) before the step ends
+                        free = max(launch_begin, launched_by)
+                        end = max(end - min(max(prev_end - free, 0.0), result.launch_bound_s), free + result.launch_s)
+                        launched_by = max(free + result.launch_s, end)
+                    else:
+                        launched_by = launch_begin + result.launch_s
+                    if result.launch_bound_s > 0.0 and not result.launch_ends_step:
                         if head_start > 0.0:                             # the head start the launch had
                             end -= min(head_start, result.launch_bound_s)
                         if head_start < result.launch_bound_s:           # its launch set its end: every rank

@@ -141,7 +141,12 @@ class SimExecutor:
         launch_s, lead_s = self._launch_and_lead(shape)
         return StepResult(next_token_ids=tokens, duration_s=duration_s,
                           host_s=self.cost_model.host_time_s(shape), launch_s=launch_s, launch_lead_s=lead_s,
-                          launch_bound_s=self.cost_model.launch_bound_s(shape))
+                          launch_bound_s=self.cost_model.launch_bound_s(shape),
+                          launch_ends_step=self._launch_ends_step(shape))
+
+    def _launch_ends_step(self, shape: StepShape) -> bool:
+        ask = getattr(self.cost_model, "launch_ends_step", None)     # cost models without the rule: False
+        return bool(ask(shape)) if ask is not None else False
 
     def _launch_and_lead(self, shape: StepShape) -> tuple[float, float]:
         """The step's launch host time and, of it, the part before the device can begin: all of it where

@@ -84,6 +84,9 @@ class StepResult:
                                   # a CUDA-graph replay, enqueued as the launch returns; 0 for eager kernels)
     launch_bound_s: float = 0.0   # of the device share, time the device waits for the launch rather than
                                   # computes: a launch begun while the step ahead runs hides up to this much
+    launch_ends_step: bool = False   # ranks launch it in lockstep and it ends no earlier than its launch on every
+                                     # rank (sim.costmodel.base.CostModel.launch_ends_step); launch_bound_s is
+                                     # then its whole back-to-back excess over its kernels alone
     # per sampling item, for requests that asked: (logprob of its token, [(token id, logprob), ...] most
     # likely first), else None; None when no item asked
     logprobs: list[tuple[float, list[tuple[int, float]]] | None] | None = None

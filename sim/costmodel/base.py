@@ -115,6 +115,16 @@ class CostModel(Protocol):
         the launch begins while the step ahead still runs, and that head start hides up to this much."""
         ...
 
+    def launch_ends_step(self, shape: StepShape) -> bool:
+        """True for steps that ranks launching in lockstep (tensor parallelism) launch without waiting on the
+        device, but whose kernels cannot outrun their launch (extends replayed as piecewise CUDA graphs, eager
+        attention cores between the pieces). The driver then lets every rank take the step once the leader
+        launched it and each rank has launched the step ahead; the step ends no earlier than its launch time
+        after that, its launch_bound_s is its whole back-to-back excess over its kernels alone (hidden only by
+        what the step ahead still runs once every rank could take it), and its ranks are done launching it
+        only as it ends. False: launch_bound_s is the part a head start from the launch's begin can hide."""
+        ...
+
     def device_waits_for_launch(self, shape: StepShape) -> bool:
         """True when the step's kernels reach the device only as its launch returns (a decode step that
         replays one CUDA graph once the host has built its batch): the device part then begins no earlier

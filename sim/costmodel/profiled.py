@@ -71,6 +71,7 @@ class ProfiledCostModel:
         # the profile of this layout's replicas (tp/ep); pp, DP attention and unprofiled layouts refused
         directory = profile_for_layout(hardware.name, model.name, layout, profile)
         self.directory, self.model = directory, model
+        self.tp = layout.tp       # ranks that launch every step in lockstep (launch_ends_step)
         # the profile measured extend steps as the runtime ran them (piecewise graphs where it had them);
         # the roofline prices the steps outside its grid the same way
         self.roofline = fallback(model=model, hardware=hardware, layout=layout, cuda_graph_max_bs=cuda_graph_max_bs,
@@ -89,6 +90,7 @@ class ProfiledCostModel:
         self.single = PrefillColumns(single, **regimes)
         # launch-bound time of one-sequence steps: back to back minus with the launch hidden (tables measured
         # before `device_alone_s` existed have none: priced as launched back to back)
+        self.launch_back_to_back = _back_to_back_launch(single, regimes["split_tokens"])
         self.launch_bound = (PrefillColumns(_launch_bound_rows(single), **regimes)
                              if "device_alone_s" in prefill and prefill["device_alone_s"].notna().any() else None)
         self.columns = self._form_columns()
@@ -129,28 +131,61 @@ class ProfiledCostModel:
         return cached
 
     def launch_time_s(self, shape: StepShape) -> float:
+        """The host table's launch (timed on an idle device, each step after the one before had ended); for
+        piecewise extends under tensor parallelism, at most the prefill table's launch of one sequence of as
+        many tokens without a cached prefix, timed back to back (launch_host_s). Both time the leader's launch,
+        each with a wait of its own (back to back: on the ranks still launching the step ahead; idle: on the
+        other ranks taking a step after idling, an assumption not measured apart), so the shorter is taken: at
+        tp=2 the back-to-back launch of 64-512 tokens is 11-12 ms against 13.7-14.5 ms idle, and the leader's
+        launches timed in served tp=2 runs (experiments/results/h200x2/launch_times) were 10-14 ms (medians)."""
         if self.launch is None:
             return self.roofline.launch_time_s(shape)
         key = (len(shape.extend_new_tokens), sum(shape.extend_new_tokens), shape.num_decode_reqs)
         cached = self._launch_cache.get(key)
         if cached is None:
-            cached = self._launch_cache[key] = self.launch.launch_s(*key)
+            cached = self.launch.launch_s(*key)
+            if self.launch_back_to_back is not None and self._lockstep_piecewise(shape):
+                cached = min(cached, float(self.launch_back_to_back(key[1] + key[2])))
+            self._launch_cache[key] = cached
         return cached
+
+    def _lockstep_piecewise(self, shape: StepShape) -> bool:
+        """A step with extends replayed as piecewise graphs by ranks that launch in lockstep (tp > 1)."""
+        return (self.tp > 1 and bool(shape.extend_new_tokens)
+                and not self.single.runs_eagerly(sum(shape.extend_new_tokens) + shape.num_decode_reqs))
 
     def device_waits_for_launch(self, shape: StepShape) -> bool:
         """Decode-only steps that replay a captured graph (the batch within the graph limit)."""
         return shape.is_decode_only and shape.num_decode_reqs <= self.graph_max_bs
 
+    def launch_ends_step(self, shape: StepShape) -> bool:
+        """Steps with extends that replay piecewise graphs (up to the piecewise limit) under tensor parallelism
+        (tp > 1), where the profile has the launch table and device_alone_s. The leader hands such a step to
+        the other ranks, which take it once they have launched the step ahead, and each enqueues the graph
+        pieces with the attention cores between them without waiting on the device: back to back (the profile's
+        interval) every rank waits on the others, so the whole excess over the kernels alone (launch_bound_s)
+        is that lockstep, hidden only by what the step ahead still runs once every rank could take this one;
+        the step ends no earlier than its launch after that, and its ranks are done launching it only as it
+        ends (sim/driver.py). At tp=2 such steps take 12-20 ms back to back against 6-19 ms alone. Eager
+        steps' launches wait on the device (host syncs), and at tp=1 a launch returns well before its step
+        ends: both keep the capped head-start rule. Decode-only steps: False."""
+        return self._launch_terms(shape)[1]
+
     def launch_bound_s(self, shape: StepShape) -> float:
         """Steps with extends: the one-sequence table's back-to-back interval minus its device time alone
-        at the step's (tokens, equivalent prefix), at most the step's price, and at most what the step's
-        launch (launch_time_s, timed with the device idle) outlasts its device time alone: a step whose
-        kernels outlast its launch is device-bound, and the rest of its back-to-back excess is the launch
-        waiting on the device (eager steps' host syncs: 8k-token prefills at tp=1 take 34 ms to launch on
-        an idle device, 92 ms back to back), which no head start removes. Decode-only steps: 0 (their
+        at the step's (tokens, equivalent prefix), at most the step's price. Where launch_ends_step, all of it
+        (the driver ends the step at the later of its kernels alone and its launch on every rank); else at most
+        what the step's launch (launch_time_s, timed with the device idle) outlasts its device time alone: a
+        step whose kernels outlast its launch is device-bound, and the rest of its back-to-back excess is the
+        launch waiting on the device (eager steps' host syncs: 8k-token prefills at tp=1 take 34 ms to launch
+        on an idle device, 92 ms back to back), which no head start removes. Decode-only steps: 0 (their
         graph launches are shorter than their kernels)."""
+        return self._launch_terms(shape)[0]
+
+    def _launch_terms(self, shape: StepShape) -> tuple[float, bool]:
+        """(launch_bound_s, launch_ends_step) of a step, remembered per step key."""
         if self.launch_bound is None or shape.is_decode_only or not (shape.extend_new_tokens or shape.num_decode_reqs):
-            return 0.0
+            return 0.0, False
         key = (shape.extend_new_tokens, shape.extend_prefix_tokens, shape.num_decode_reqs, shape.decode_context_tokens)
         cached = self._bound_cache.get(key)
         if cached is None:
@@ -161,7 +196,10 @@ class ProfiledCostModel:
                 price = self._prefill_cache[key] = self._prefill_s(shape)
             bound = min(max(bound, 0.0), price[0])
             alone = price[0] - bound
-            cached = self._bound_cache[key] = min(bound, max(self.launch_time_s(shape) - alone, 0.0))
+            ends = self.launch is not None and self._lockstep_piecewise(shape)
+            if not ends:                                    # the part of the excess a head start can hide
+                bound = min(bound, max(self.launch_time_s(shape) - alone, 0.0))
+            cached = self._bound_cache[key] = (bound, ends)
         return cached
 
     def decode_times_s(self, num_reqs: int, context_tokens: np.ndarray, shared_tokens: int = 0,
@@ -444,3 +482,15 @@ def _launch_bound_rows(rows: pd.DataFrame) -> pd.DataFrame:
     has no device_alone_s), and device_alone_s by 0 (none of that part is device work)."""
     alone = rows["device_alone_s"].fillna(rows["device_s"])
     return rows.assign(device_s=(rows["device_s"] - alone).clip(lower=0.0), device_alone_s=rows["device_alone_s"] * 0.0)
+
+
+def _back_to_back_launch(single: pd.DataFrame, piecewise_limit: int | None) -> Curve | None:
+    """The launch's host time of one-sequence extends without a cached prefix, launched back to back
+    (prefill.csv's launch_host_s), over new tokens up to the piecewise limit; None without such rows."""
+    if "launch_host_s" not in single or not piecewise_limit:
+        return None
+    rows = single[(single["prefix_tokens"] == 0) & (single["new_tokens"] <= piecewise_limit)
+                  & single["launch_host_s"].notna()].sort_values("new_tokens")
+    if rows.empty:
+        return None
+    return Curve(rows["new_tokens"].to_numpy(dtype=float), rows["launch_host_s"].to_numpy(dtype=float))

@@ -31,6 +31,9 @@ class ReplayCostModel:
     def launch_bound_s(self, shape: StepShape) -> float:
         return 0.0      # the recorded durations are what the launches left
 
+    def launch_ends_step(self, shape: StepShape) -> bool:
+        return False      # the recorded durations already hold the launches
+
     def device_waits_for_launch(self, shape: StepShape) -> bool:
         return False    # the recorded durations already hold any wait for a launch
 

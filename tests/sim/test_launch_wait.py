@@ -28,9 +28,12 @@ class SlowLaunches:
     steps with extends launch-bound for `bound_s` of their device time."""
 
     def __init__(self, inner, extend_s: float, decode_s: float, bound_s: float = 0.0, host_s: float | None = None,
-                 decode_waits: bool = False) -> None:
+                 decode_waits: bool = False, lockstep: bool = False) -> None:
         self.inner, self.extend_s, self.decode_s, self.bound_s, self.host_s = inner, extend_s, decode_s, bound_s, host_s
-        self.decode_waits = decode_waits
+        self.decode_waits, self.lockstep = decode_waits, lockstep
+
+    def launch_ends_step(self, shape) -> bool:     # lockstep: extends launched as tensor-parallel piecewise steps
+        return self.lockstep and not shape.is_decode_only
 
     def host_time_s(self, shape) -> float:     # host_s: every step's host share (planning) fixed
         return self.inner.host_time_s(shape) if self.host_s is None else self.host_s
@@ -50,12 +53,12 @@ class SlowLaunches:
 
 def run(extend_s: float, decode_s: float = 0.0, second_arrival_s: float = 1e-4, overlap: bool = True,
         bound_s: float = 0.0, host_s: float | None = None, decode_waits: bool = False, fast_forward: bool = True,
-        extra: tuple[str, ...] = ()):
+        extra: tuple[str, ...] = (), lockstep: bool = False):
     cfg = compose_config(TINY + list(extra))
     first, second = instantiate(cfg.workload).requests()[:2]
     specs = [dataclasses.replace(first, arrival_s=0.0), dataclasses.replace(second, arrival_s=second_arrival_s)]
     core = build_core(cfg)
-    model = SlowLaunches(build_cost_model(cfg, core), extend_s, decode_s, bound_s, host_s, decode_waits)
+    model = SlowLaunches(build_cost_model(cfg, core), extend_s, decode_s, bound_s, host_s, decode_waits, lockstep)
     outcome = SimDriver(core.scheduler, SimExecutor(model, core.model.vocab_size), progress=False, overlap=overlap,
                         fast_forward=fast_forward).run(specs)
     return {r.rid: r for r in outcome.requests}, outcome.steps.columns
@@ -134,3 +137,37 @@ def test_a_decode_replay_after_a_step_its_launch_set_waits_for_every_rank_to_hav
     _, bound = run(**common, decode_s=lead_s, bound_s=10.0)
     assert duration(free, first_decode) == pytest.approx(duration(probe, first_decode), rel=1e-9)   # hidden
     assert duration(bound, first_decode) == pytest.approx(duration(probe, first_decode) + lead_s, rel=1e-6)
+
+
+def test_a_lockstep_piecewise_step_ends_no_earlier_than_its_launch_and_paces_the_decode_after_it():
+    """launch_ends_step (tensor-parallel piecewise extends): a prefill whose launch outlasts its kernels ends
+    its launch after it began, whatever it is priced; without a head start (nothing ahead) its whole
+    launch-bound part shows; and its ranks are done launching it only as it ends, so the decode graph after
+    it starts its launch then and lasts its launch plus its kernels, even where its leader planned it early."""
+    common = dict(host_s=1e-6, decode_waits=True)
+    _, probe = run(extend_s=0.0, **common)
+    duration = lambda steps, i: steps["end_s"][i] - steps["start_s"][i]      # noqa: E731
+    first_decode = [i for i, tokens in enumerate(probe["num_prefill_tokens"]) if tokens == 0][0]
+    price_s = duration(probe, 0)
+    launch_s = 3 * price_s
+    _, lockstep = run(extend_s=launch_s, lockstep=True, **common)
+    assert lockstep["end_s"][0] == pytest.approx(1e-6 + launch_s, rel=1e-9)       # its launch, not its price
+    _, bound = run(extend_s=0.0, bound_s=price_s / 2, lockstep=True, **common)
+    assert duration(bound, 0) == pytest.approx(price_s, rel=1e-9)                   # nothing ahead: all of it
+    lead_s = price_s / 4
+    _, paced = run(extend_s=0.0, decode_s=lead_s, lockstep=True, **common)
+    _, free = run(extend_s=0.0, decode_s=lead_s, **common)
+    assert duration(free, first_decode) == pytest.approx(duration(probe, first_decode), rel=1e-9)   # hidden
+    assert duration(paced, first_decode) == pytest.approx(duration(probe, first_decode) + lead_s, rel=1e-6)
+
+
+@pytest.mark.parametrize("decode_s", [0.0, 1e-4, 0.5])
+def test_coalesced_decode_runs_after_lockstep_steps_equal_stepping(decode_s):
+    """The decode runs after lockstep piecewise steps (launched on every rank only as they end) give the
+    records of stepping one by one, float for float."""
+    common = dict(extend_s=3e-4, decode_s=decode_s, decode_waits=True, second_arrival_s=2e-3, bound_s=1e-4,
+                  lockstep=True, extra=("workload.output_len=64",))
+    _, stepped = run(**common, fast_forward=False)
+    _, coalesced = run(**common, fast_forward=True)
+    assert coalesced == stepped
+

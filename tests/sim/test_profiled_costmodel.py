@@ -398,3 +398,34 @@ def test_a_regime_the_profile_did_not_measure_at_that_size_falls_back(tmp_path):
     assert model.fallbacks["prefill"] == 1
     model.device_time_s(StepShape((16,), (0,)))                  # still graph-replayed, and measured so
     assert model.fallbacks["prefill"] == 1
+
+
+def test_tensor_parallel_piecewise_extends_end_with_their_lockstep_launch():
+    """At tp=2 a piecewise extend's whole back-to-back excess over its kernels alone is its launch-bound part
+    (launch_ends_step: the ranks launch in lockstep), and its launch is the shorter of the host table's (idle
+    device) and the prefill table's back-to-back one; eager extends and decodes keep the capped rule, and at
+    tp=1 nothing changes."""
+    profiles = Path(__file__).parents[2] / "sim" / "profiles" / "h200" / "deepseek_v2_lite"
+    tp2 = profiles / "tp2"
+    core = build_core(compose_config(["model=deepseek_v2_lite", "hardware=h200", "tp=2"]))
+    model = ProfiledCostModel(core.model, core.hardware, core.layout, fallback=RooflineCostModel,
+                              profile=str(tp2), piecewise_max_tokens=2048)
+    prefill = pd.read_csv(tp2 / "prefill.csv").set_index(["num_seqs", "new_tokens", "prefix_tokens"])
+    host = pd.read_csv(tp2 / "host.csv")
+    row = prefill.loc[(1, 1024, 0)]
+    shape = StepShape(extend_new_tokens=(1024,), extend_prefix_tokens=(0,))
+    assert model.launch_ends_step(shape)
+    assert model.launch_bound_s(shape) == pytest.approx(row["device_s"] - row["device_alone_s"], rel=1e-9)
+    idle = host[(host["kind"] == "prefill") & (host["new_tokens"] == 1024)]["launch_s"].mean()
+    assert model.launch_time_s(shape) == pytest.approx(min(idle, row["launch_host_s"]), rel=1e-9)
+    small = prefill.loc[(1, 256, 0)]
+    assert model.launch_time_s(StepShape((256,), (0,))) == pytest.approx(small["launch_host_s"], rel=1e-9)
+    eager = StepShape(extend_new_tokens=(3072,), extend_prefix_tokens=(0,))
+    assert not model.launch_ends_step(eager)
+    assert not model.launch_ends_step(StepShape(num_decode_reqs=8, decode_context_tokens=800))
+    one = build_core(compose_config(["model=deepseek_v2_lite", "hardware=h200"]))
+    tp1 = ProfiledCostModel(one.model, one.hardware, one.layout, fallback=RooflineCostModel,
+                            profile=str(profiles), piecewise_max_tokens=2048)
+    assert not tp1.launch_ends_step(shape)
+    assert tp1.launch_time_s(shape) == pytest.approx(tp1.launch.launch_s(1, 1024, 0), rel=1e-12)
+
