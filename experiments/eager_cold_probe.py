@@ -21,27 +21,19 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from experiments.compose import compose_config
-    from runtime.build import build_core
-    from runtime.engine.build_runner import build_model_runner
-    from runtime.profile.plans import SyntheticBatch, step_plan
+    from experiments.probe_runner import built_runner, prefill_step_ms
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", type=int, nargs="+", default=[2221, 2584, 4085, 2049, 3001])
     p.add_argument("--profile-first", action="store_true", help="profile the first step's cold pass")
     p.add_argument("overrides", nargs="*")
     args = p.parse_args(argv)
-    cfg = compose_config(["mode=real", "progress=false", *args.overrides])
-    core = build_core(cfg)
-    runner = build_model_runner(cfg, core)
+    core, runner = built_runner(args.overrides)
     vocab = core.model.vocab_size
     print(f"warm-up {runner.warmup_s:.1f} s; reserved {torch.cuda.memory_reserved() / 2**30:.2f} GiB", flush=True)
 
     def run(tokens: int, tag: str) -> float:
-        batch = SyntheticBatch(tag, 1, tokens, 0, vocab)
-        ms = 1e3 * runner.launch(step_plan(batch.extend_items(tokens, 0))).wait().duration_s
-        batch.release()
-        return ms
+        return prefill_step_ms(runner, tokens, tag, vocab)
 
     for k, tokens in enumerate(args.sizes):
         before = torch.cuda.memory_reserved()

@@ -21,11 +21,8 @@ if str(ROOT) not in sys.path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from experiments.compose import compose_config
+    from experiments.probe_runner import built_runner, prefill_step_ms
     from experiments.rows_csv import write_rows_csv
-    from runtime.build import build_core
-    from runtime.engine.build_runner import build_model_runner
-    from runtime.profile.plans import SyntheticBatch, step_plan
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gaps", type=float, nargs="+", default=[0.0, 0.5, 2.0, 8.0], help="idle seconds before a trial")
@@ -36,9 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("overrides", nargs="*")
     args = p.parse_args(argv)
-    cfg = compose_config(["mode=real", "progress=false", *args.overrides])
-    core = build_core(cfg)
-    runner = build_model_runner(cfg, core)
+    core, runner = built_runner(args.overrides)
     vocab = core.model.vocab_size
     print(f"warm-up {runner.warmup_s:.1f} s", flush=True)
     served = 0
@@ -46,10 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     def run(tokens: int) -> float:
         nonlocal served
         served += 1
-        batch = SyntheticBatch(f"i{served}", 1, tokens, 0, vocab)
-        ms = 1e3 * runner.launch(step_plan(batch.extend_items(tokens, 0))).wait().duration_s
-        batch.release()
-        return ms
+        return prefill_step_ms(runner, tokens, f"i{served}", vocab)
 
     warm = [run(args.warm_tokens) for _ in range(4)]
     print(f"warm {args.warm_tokens} tokens: " + " ".join(f"{x:.1f}" for x in warm) + " ms", flush=True)

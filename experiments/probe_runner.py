@@ -1,5 +1,6 @@
-"""What the GPU decode probes start from: a mode=real runner for the composed config with its KV pool's
-first slots written by the model (runtime.profile.kv_fill), as mode=profile times decode. Imports torch."""
+"""What the GPU probes start from: a mode=real runner for the composed config (the decode probes' with its KV
+pool's first slots written by the model, runtime.profile.kv_fill, as mode=profile times decode), and the steps
+they time: a decode step of given contexts, a one-sequence prefill. Imports torch."""
 from __future__ import annotations
 
 from experiments.compose import compose_config
@@ -9,13 +10,18 @@ from runtime.profile.kv_fill import fill_kv_pool
 FILL_SLOTS_MAX = 1 << 20       # slots the probes fill (and read): enough for their batches x contexts
 
 
-def filled_runner(overrides: list[str]):
-    """(core, runner, slots filled) for `mode=real` with `overrides`."""
+def built_runner(overrides: list[str]):
+    """(core, runner) for `mode=real` with `overrides`: the runner as serving builds it (warm-up included)."""
     from runtime.engine.build_runner import build_model_runner
 
     cfg = compose_config(["mode=real", "progress=false"] + list(overrides))
     core = build_core(cfg)
-    runner = build_model_runner(cfg, core)
+    return core, build_model_runner(cfg, core)
+
+
+def filled_runner(overrides: list[str]):
+    """(core, runner, slots filled) for `mode=real` with `overrides`."""
+    core, runner = built_runner(overrides)
     slots = min(core.kv_capacity_tokens, FILL_SLOTS_MAX)
     fill_kv_pool(runner, slots, 8192, core.model.max_context_tokens or 8192, core.model.vocab_size, progress=False)
     return core, runner, slots
@@ -47,4 +53,15 @@ def decode_step_ms(runner, requests, contexts: list[int], repeats: int) -> float
              for r, c in zip(requests, contexts)]
     ms = time_plan(runner, step_plan(items), repeats).device_s * 1e3
     finish(requests)
+    return ms
+
+
+def prefill_step_ms(runner, tokens: int, tag: str, vocab_size: int) -> float:
+    """Interval (ms) of one prefill of `tokens` new tokens for one request without a cached prefix, launched
+    alone and waited for; the request (`tag` in its rid) is finished afterwards (its slot-table row freed)."""
+    from runtime.profile.plans import SyntheticBatch, step_plan
+
+    batch = SyntheticBatch(tag, 1, tokens, 0, vocab_size)
+    ms = 1e3 * runner.launch(step_plan(batch.extend_items(tokens, 0))).wait().duration_s
+    batch.release()
     return ms
