@@ -15,7 +15,7 @@ import simpy
 from tqdm import tqdm
 
 from runtime.core.batch import ForwardMode, StepPlan, StepResult
-from runtime.core.decode_runs import DecodeGroup
+from runtime.core.decode_runs import DecodeGroup, run_step_batches
 from runtime.core.records import StepLog
 from runtime.core.request import Request, RequestSpec
 from runtime.core.scheduler import Scheduler
@@ -270,9 +270,8 @@ class SimDriver:
         if m == 0:
             return
         if steps.plan_signatures is None:              # one call: each step's batch size and context by group
-            counts = [max(min(end, m) - group.first_step, 0) for group, end in zip(groups, bounds)]
-            sizes = np.repeat([group.num_reqs for group in groups], counts)                       # [m]
-            contexts = np.repeat([group.context_tokens for group in groups], counts) + sizes * np.arange(m)
+            recorded = [group for group in groups if group.first_step < m]
+            sizes, contexts = run_step_batches(recorded, [min(end, m) for end in bounds[:len(recorded)]])   # [m]
             steps.record_decode_steps(groups[0].plan, starts, ends, used, num_waiting, num_running[:m],
                                       sizes.tolist(), contexts.tolist())
             return

@@ -11,7 +11,7 @@ from typing import Sequence
 import numpy as np
 
 from runtime.core.batch import StepPlan, StepResult
-from runtime.core.decode_runs import DecodeGroup
+from runtime.core.decode_runs import DecodeGroup, run_step_batches
 from runtime.core.request import Request, RequestSpec
 from runtime.core.shared_prefix import shared_prefix_tokens
 from runtime.executor import FinishedStep
@@ -142,11 +142,7 @@ class SimExecutor:
         return StepResult(next_token_ids=tokens, duration_s=duration_s,
                           host_s=self.cost_model.host_time_s(shape), launch_s=launch_s, launch_lead_s=lead_s,
                           launch_bound_s=self.cost_model.launch_bound_s(shape),
-                          launch_ends_step=self._launch_ends_step(shape))
-
-    def _launch_ends_step(self, shape: StepShape) -> bool:
-        ask = getattr(self.cost_model, "launch_ends_step", None)     # cost models without the rule: False
-        return bool(ask(shape)) if ask is not None else False
+                          launch_ends_step=self.cost_model.launch_ends_step(shape))
 
     def _launch_and_lead(self, shape: StepShape) -> tuple[float, float]:
         """The step's launch host time and, of it, the part before the device can begin: all of it where
@@ -183,22 +179,13 @@ class SimExecutor:
         groups[g].first_step .. ends[g]-1 (its batch's contexts at the run's first step, one token more
         per request each step), priced by the cost model in one call."""
         num_reqs, steps, shared, lens = [], [], [], []
-        firsts, contexts0 = [], []
         for group, end in zip(groups, ends):
-            first = group.first_step
             num_reqs.append(group.num_reqs)
-            steps.append(end - first)
-            firsts.append(first)
-            contexts0.append(group.context_tokens)
+            steps.append(end - group.first_step)
             tokens = group.shared_tokens             # the batch's: constant while it runs
             shared.append(shared_prefix_tokens(it.request for it in group.plan.items) if tokens is None else tokens)
-            lens.append(group.context_lens + first)
-        counts = np.asarray(steps, dtype=np.int64)                                            # [g]
-        # step j of group g: its context at the group's first step plus one token per request per step
-        offsets = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)  # [k]
-        context = (np.repeat(np.asarray(contexts0, dtype=np.int64), counts)
-                   + np.repeat(np.asarray(num_reqs, dtype=np.int64), counts)
-                   * (np.repeat(np.asarray(firsts, dtype=np.int64), counts) + offsets))      # [k]
+            lens.append(group.context_lens + group.first_step)
+        _, context = run_step_batches(groups, ends)                                           # [k]
         return self.cost_model.decode_segment_times_s(num_reqs, steps, context, shared, lens)
 
     def decode_tokens(self, plan: StepPlan, num_steps: int) -> list[list[int]]:

@@ -6,7 +6,7 @@ Must not import torch, simpy or time: times arrive as arguments.
 from __future__ import annotations
 
 from itertools import accumulate
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 
@@ -49,6 +49,18 @@ class DecodeGroup:
             self._plan = StepPlan(self._run_plan.step_id, ForwardMode.DECODE, items,
                                   decode_shared_tokens=self.shared_tokens)
         return self._plan
+
+
+def run_step_batches(groups: Sequence[DecodeGroup], ends: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Batch size and decode context (int64 [k] each) of steps groups[0].first_step .. ends[-1]-1 of a decode
+    run, group g covering steps groups[g].first_step .. ends[g]-1 (consecutive: ends[g] is the next group's
+    first step): step j of group g decodes its num_reqs requests at its context_tokens plus one token per
+    request per step since the run's first."""
+    counts = [end - group.first_step for group, end in zip(groups, ends)]
+    sizes = np.repeat(np.asarray([group.num_reqs for group in groups], dtype=np.int64), counts)       # [k]
+    contexts = (np.repeat(np.asarray([group.context_tokens for group in groups], dtype=np.int64), counts)
+                + sizes * np.arange(groups[0].first_step, ends[-1], dtype=np.int64))                  # [k]
+    return sizes, contexts
 
 
 class DecodeRuns:
