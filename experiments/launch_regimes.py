@@ -41,7 +41,8 @@ def aligned_launches(run_dir: Path) -> pd.DataFrame:
 
 
 def launch_regimes(run_dir: Path) -> pd.DataFrame:
-    """One row per (token bucket, mode of the step ahead) of the run's prefill-only extend steps."""
+    """One row per (token bucket, mode of the step ahead) of the run's prefill-only extend steps (the offset its
+    launch times were shifted by in attrs["clock_offset_s"])."""
     steps = aligned_launches(run_dir)
     steps["ahead"] = steps["mode"].shift(1)
     steps["duration_s"] = steps["end_s"] - steps["start_s"]
@@ -52,7 +53,9 @@ def launch_regimes(run_dir: Path) -> pd.DataFrame:
     extends["tokens"] = pd.cut(extends["num_prefill_tokens"], TOKEN_BUCKETS)
     groups = extends.groupby(["tokens", "ahead"], observed=True)
     columns = ["duration_s", "head_start_s", "launch_s", "poll_s", "end_after_launch_s"]
-    return groups[columns].median().assign(steps=groups.size()).reset_index()
+    table = groups[columns].median().assign(steps=groups.size()).reset_index()
+    table.attrs["clock_offset_s"] = steps.attrs["clock_offset_s"]
+    return table
 
 
 def main() -> None:
@@ -62,10 +65,10 @@ def main() -> None:
     args = parser.parse_args()
     frames = []
     for run_dir in sorted(p for p in args.runs.iterdir() if (p / LAUNCH_TIMES_FILE).exists()):
-        table = launch_regimes(run_dir).assign(workload=run_dir.name)
+        table = launch_regimes(run_dir)
+        offset = table.attrs["clock_offset_s"]
+        table = table.assign(workload=run_dir.name)
         frames.append(table)
-        offset = clock_offset_s(pd.read_parquet(run_dir / "steps.parquet").merge(
-            pd.read_parquet(run_dir / LAUNCH_TIMES_FILE), on="step_id"))
         print(f"{run_dir.name} (launch times {offset * 1e3:.2f} ms earlier onto the step records' clock)")
         print(table.drop(columns="workload").round(4).to_string(index=False))
     if args.csv is not None and frames:
