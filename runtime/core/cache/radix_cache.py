@@ -406,12 +406,3 @@ class RadixCache:
         self._evictable_tokens -= len(leaf.key)
         self._queue.push(parent)  # queued only if now an unlocked leaf (never the root)
         return len(leaf.key)
-
-    @staticmethod
-    def _path_to_root(node: TreeNode) -> list[TreeNode]:
-        """node, its parent, ... up to (excluding) the root."""
-        path = []
-        while node.parent is not None:
-            path.append(node)
-            node = node.parent
-        return path
