@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import bisect
 
-# Largest step captured as piecewise graphs unless configured: one H200, DeepSeek-V2-Lite, profiled side by
-# side (sim/profiles/h200): up to ~1024 new tokens a piecewise step takes 0.3-0.9x the eager one (launch-bound
-# steps), at 2048 the two are level, above it the step is GPU-bound and the static handoff copies around
-# each attention core make it 1-7% slower. SGLang's --piecewise-cuda-graph-max-tokens plays the same role.
-PIECEWISE_DEFAULT_MAX_TOKENS = 2048
+# Largest step captured as piecewise graphs unless configured (capped by the prefill chunk, so that by default
+# every extend step of a chunk replays graphs). SGLang's --piecewise-cuda-graph-max-tokens plays the same role.
+# Past ~2,048 new tokens a step is GPU-bound on an H200 with fast host launches, and eager launches cost it
+# nothing when warm; but an eager step of a token count the process has not served before pays the GEMM
+# library's per-shape set-up (4-17 ms on DeepSeek-V2-Lite), served traffic is mostly such counts, and on
+# machines with slow launches an eager step is host-bound (60 ms of launch for 28 ms of kernels). Graphs
+# replay every count the same way from the first step on.
+PIECEWISE_DEFAULT_MAX_TOKENS = 8192
 
 
 def capture_batch_sizes(max_bs: int) -> list[int]:
@@ -23,15 +26,18 @@ def capture_batch_sizes(max_bs: int) -> list[int]:
 
 def extend_token_buckets(max_tokens: int) -> list[int]:
     """Piecewise-graph token counts up to max_tokens (itself included): 4..32 step 4, 48..256 step 16, then
-    8 sizes per doubling (steps of 32, 64, 128, ...). Padding adds at most 1/8 of a step's tokens above 256
-    and at most 15 tokens below (where a step's time follows its weight reads, not its token count)."""
+    8 sizes per doubling up to 2,048 (steps of 32, 64, 128), 16 per doubling above (steps of 128, 256, ...).
+    Padding adds at most 15 tokens below 256 (where a step's time follows its weight reads, not its token
+    count), at most 1/8 of a step's tokens up to 2,048 and 1/16 above, where steps are GPU-bound and the
+    padding's work is paid in full."""
     if max_tokens < 1:
         raise ValueError(f"piecewise_cuda_graph_max_tokens must be >= 1, got {max_tokens}")
     grid = list(range(4, 33, 4)) + list(range(48, 257, 16))
     low, step = 256, 32
     while low < max_tokens:
         grid += list(range(low + step, 2 * low + 1, step))
-        low, step = 2 * low, 2 * step
+        low = 2 * low
+        step = 2 * step if low < 2048 else low // 16
     return sorted({t for t in grid if t <= max_tokens} | {max_tokens})
 
 

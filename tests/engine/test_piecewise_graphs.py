@@ -39,8 +39,9 @@ def test_bucket_grid_covers_every_step_with_little_padding() -> None:
         assert grid == sorted(set(grid)) and grid[-1] == max_tokens and grid[0] >= 1
         for tokens in range(1, max_tokens + 1, 7):
             padded = next(b for b in grid if b >= tokens)
-            assert padded - tokens <= max(15, 0.125 * tokens), (max_tokens, tokens, padded)
-    assert len(extend_token_buckets(8192)) <= 64          # capture time and graph memory stay bounded
+            bound = max(15, 0.125 * tokens) if padded <= 2048 else tokens / 16
+            assert padded - tokens <= bound, (max_tokens, tokens, padded)
+    assert len(extend_token_buckets(8192)) <= 80          # capture time and graph memory stay bounded
     with pytest.raises(ValueError, match=">= 1"):
         extend_token_buckets(0)
 

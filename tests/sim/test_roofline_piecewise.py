@@ -43,7 +43,7 @@ def test_static_work_runs_over_the_padded_token_count() -> None:
     piecewise, eager = cost_model(piecewise_max_tokens=8192), cost_model()
     tokens = 4200
     padded = padded_size(tokens, extend_token_buckets(8192))
-    assert padded == 4608
+    assert padded == 4352
     got, padded_eager = piecewise.breakdown_s(prefill(tokens)), eager.breakdown_s(prefill(padded))
     for op in STATIC_OPS:
         assert got[op] == pytest.approx(padded_eager[op], rel=1e-12), op
@@ -53,14 +53,14 @@ def test_static_work_runs_over_the_padded_token_count() -> None:
 
 
 @pytest.mark.parametrize("overrides,expected", [
-    ([], 2048),                                            # PIECEWISE_DEFAULT_MAX_TOKENS
+    ([], 8192),                                            # PIECEWISE_DEFAULT_MAX_TOKENS, the default chunk
     (["scheduler.chunked_prefill_size=1024"], 1024),       # capped by the chunk
     (["scheduler.chunked_prefill_size=-1", "scheduler.max_prefill_tokens=512"], 512),
     (["real.piecewise_cuda_graph_max_tokens=512"], 512),
     (["real.piecewise_cuda_graph=false"], 0),
     (["real.cuda_graph=false"], 0),
-    (["tp=2"], 2048),                                      # every GPU of the TP group captures them
-    (["tp=2", "ep=2"], 2048),
+    (["tp=2"], 8192),                                      # every GPU of the TP group captures them
+    (["tp=2", "ep=2"], 8192),
     (["model=deepseek_v2_lite", "tp=2", "dp=2", "dp_attention=true"], 0),   # DP attention: decode graphs only
     (["costmodel=roofline", "costmodel.piecewise_max_tokens=1024"], None),   # the cost model's own
 ])
