@@ -85,6 +85,11 @@ class _InFlight:
     run_offset: int = 0
 
 
+def _is_decode(step: "_InFlight | None") -> bool:
+    """Whether the step in flight is decode-only (a coalesced decode run's tail has no plan left)."""
+    return step is not None and (step.plan is None or step.plan.mode is ForwardMode.DECODE)
+
+
 class SimDriver:
     """`fast_forward`: coalesce runs of decode steps that provably change nothing but token counts
     (Scheduler.decode_run_bound) into one event; the records are the same as stepping one by one.
@@ -361,6 +366,8 @@ class SimDriver:
                     ready = max(prev_end, launch_begin + lead, launched_by + lead) if lead else start
                     end = ready + result.duration_s - result.host_s       # (this order: decode runs sum the same way)
                     head_start = prev_end - launch_begin
+                    if result.after_decode_saving_s > 0.0 and ready <= prev_end and _is_decode(last):
+                        end -= result.after_decode_saving_s                 # right behind a decode-only step
                     if result.launch_ends_step:
                         # ranks in lockstep: every rank can take the step once the leader launches it and each
                         # has launched the step ahead (launched_by); only what the device still ran of the step

@@ -142,7 +142,8 @@ class SimExecutor:
         return StepResult(next_token_ids=tokens, duration_s=duration_s,
                           host_s=self.cost_model.host_time_s(shape), launch_s=launch_s, launch_lead_s=lead_s,
                           launch_bound_s=self.cost_model.launch_bound_s(shape),
-                          launch_ends_step=self.cost_model.launch_ends_step(shape))
+                          launch_ends_step=self.cost_model.launch_ends_step(shape),
+                          after_decode_saving_s=self.cost_model.after_decode_saving_s(shape))
 
     def _launch_and_lead(self, shape: StepShape) -> tuple[float, float]:
         """The step's launch host time and, of it, the part before the device can begin: all of it where

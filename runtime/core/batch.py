@@ -87,6 +87,8 @@ class StepResult:
     launch_ends_step: bool = False   # ranks launch it in lockstep and it ends no earlier than its launch on every
                                      # rank (sim.costmodel.base.CostModel.launch_ends_step); launch_bound_s is
                                      # then its whole back-to-back excess over its kernels alone
+    after_decode_saving_s: float = 0.0   # of the device share, what the step takes less right behind a decode-only
+                                         # step (sim.costmodel.base.CostModel.after_decode_saving_s)
     # per sampling item, for requests that asked: (logprob of its token, [(token id, logprob), ...] most
     # likely first), else None; None when no item asked
     logprobs: list[tuple[float, list[tuple[int, float]]] | None] | None = None

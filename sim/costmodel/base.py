@@ -115,6 +115,15 @@ class CostModel(Protocol):
         the launch begins while the step ahead still runs, and that head start hides up to this much."""
         ...
 
+    def after_decode_saving_s(self, shape: StepShape) -> float:
+        """Seconds a step takes less when it runs right behind a decode-only step (no idle device between)
+        than its price, which holds the step timed back to back after one like it: a device-bound extend's
+        back-to-back time over its kernels alone (0 where the model knows none). On an H200 a graph-replayed
+        prefill of 2-8k new tokens served right after a decode ran at 0.96 of its back-to-back time and at
+        1.00 after another extend (experiments/results/h200/fidelity*): the GPU runs faster after a light
+        step than after a heavy one."""
+        ...
+
     def launch_ends_step(self, shape: StepShape) -> bool:
         """True for steps that ranks launching in lockstep (tensor parallelism) launch without waiting on the
         device, but whose kernels cannot outrun their launch (extends replayed as piecewise CUDA graphs, eager

@@ -182,10 +182,17 @@ class ProfiledCostModel:
         graph launches are shorter than their kernels)."""
         return self._launch_terms(shape)[0]
 
-    def _launch_terms(self, shape: StepShape) -> tuple[float, bool]:
-        """(launch_bound_s, launch_ends_step) of a step, remembered per step key."""
+    def after_decode_saving_s(self, shape: StepShape) -> float:
+        """Extends replayed as piecewise graphs whose kernels outlast their launch (device-bound), not in lockstep:
+        their back-to-back excess over their kernels alone (the one-sequence table's device_s - device_alone_s
+        at the step's tokens and equivalent prefix), which a step served right behind a decode does not pay.
+        0 for every other step, and where the profile has no device_alone_s."""
+        return self._launch_terms(shape)[2]
+
+    def _launch_terms(self, shape: StepShape) -> tuple[float, bool, float]:
+        """(launch_bound_s, launch_ends_step, after_decode_saving_s) of a step, remembered per step key."""
         if self.launch_bound is None or shape.is_decode_only or not (shape.extend_new_tokens or shape.num_decode_reqs):
-            return 0.0, False
+            return 0.0, False, 0.0
         key = (shape.extend_new_tokens, shape.extend_prefix_tokens, shape.num_decode_reqs, shape.decode_context_tokens)
         cached = self._bound_cache.get(key)
         if cached is None:
@@ -197,9 +204,13 @@ class ProfiledCostModel:
             bound = min(max(bound, 0.0), price[0])
             alone = price[0] - bound
             ends = self.launch is not None and self._lockstep_piecewise(shape)
+            saving = 0.0
             if not ends:                                    # the part of the excess a head start can hide
-                bound = min(bound, max(self.launch_time_s(shape) - alone, 0.0))
-            cached = self._bound_cache[key] = (bound, ends)
+                launch = self.launch_time_s(shape)
+                if launch <= alone and not self.single.runs_eagerly(tokens):
+                    saving = bound                          # device-bound graph replay: see after_decode_saving_s
+                bound = min(bound, max(launch - alone, 0.0))
+            cached = self._bound_cache[key] = (bound, ends, saving)
         return cached
 
     def decode_times_s(self, num_reqs: int, context_tokens: np.ndarray, shared_tokens: int = 0,

@@ -28,9 +28,12 @@ class SlowLaunches:
     steps with extends launch-bound for `bound_s` of their device time."""
 
     def __init__(self, inner, extend_s: float, decode_s: float, bound_s: float = 0.0, host_s: float | None = None,
-                 decode_waits: bool = False, lockstep: bool = False) -> None:
+                 decode_waits: bool = False, lockstep: bool = False, saving_s: float = 0.0) -> None:
         self.inner, self.extend_s, self.decode_s, self.bound_s, self.host_s = inner, extend_s, decode_s, bound_s, host_s
-        self.decode_waits, self.lockstep = decode_waits, lockstep
+        self.decode_waits, self.lockstep, self.saving_s = decode_waits, lockstep, saving_s
+
+    def after_decode_saving_s(self, shape) -> float:
+        return 0.0 if shape.is_decode_only else self.saving_s
 
     def launch_ends_step(self, shape) -> bool:     # lockstep: extends launched as tensor-parallel piecewise steps
         return self.lockstep and not shape.is_decode_only
@@ -53,12 +56,13 @@ class SlowLaunches:
 
 def run(extend_s: float, decode_s: float = 0.0, second_arrival_s: float = 1e-4, overlap: bool = True,
         bound_s: float = 0.0, host_s: float | None = None, decode_waits: bool = False, fast_forward: bool = True,
-        extra: tuple[str, ...] = (), lockstep: bool = False):
+        extra: tuple[str, ...] = (), lockstep: bool = False, saving_s: float = 0.0):
     cfg = compose_config(TINY + list(extra))
     first, second = instantiate(cfg.workload).requests()[:2]
     specs = [dataclasses.replace(first, arrival_s=0.0), dataclasses.replace(second, arrival_s=second_arrival_s)]
     core = build_core(cfg)
-    model = SlowLaunches(build_cost_model(cfg, core), extend_s, decode_s, bound_s, host_s, decode_waits, lockstep)
+    model = SlowLaunches(build_cost_model(cfg, core), extend_s, decode_s, bound_s, host_s, decode_waits, lockstep,
+                         saving_s)
     outcome = SimDriver(core.scheduler, SimExecutor(model, core.model.vocab_size), progress=False, overlap=overlap,
                         fast_forward=fast_forward).run(specs)
     return {r.rid: r for r in outcome.requests}, outcome.steps.columns
@@ -171,3 +175,22 @@ def test_coalesced_decode_runs_after_lockstep_steps_equal_stepping(decode_s):
     _, coalesced = run(**common, fast_forward=True)
     assert coalesced == stepped
 
+
+
+def test_an_extend_right_behind_a_decode_ends_its_saving_earlier():
+    """after_decode_saving_s: the second request's prefill, launched while the first request decodes, starts as
+    that decode ends and takes its saving less; the first prefill (nothing ahead of it) keeps its price, and
+    without overlap (the host plans between steps, the device idles) nothing changes."""
+    common = dict(extend_s=0.0, second_arrival_s=0.001, host_s=1e-6)
+    _, base = run(**common)
+    _, saved = run(**common, saving_s=1e-6)
+    duration = lambda steps, i: steps["end_s"][i] - steps["start_s"][i]      # noqa: E731
+    extends = [i for i, tokens in enumerate(base["num_prefill_tokens"]) if tokens > 0]
+    first, second = extends[0], extends[1]
+    assert base["num_prefill_tokens"][second - 1] == 0                          # a decode ran ahead of it
+    assert base["start_s"][second] == base["end_s"][second - 1]                 # right behind it
+    assert duration(saved, first) == duration(base, first)
+    assert duration(saved, second) == pytest.approx(duration(base, second) - 1e-6, abs=1e-12)
+    _, plain = run(**common, overlap=False)
+    _, plain_saved = run(**common, overlap=False, saving_s=1e-6)
+    assert plain_saved == plain

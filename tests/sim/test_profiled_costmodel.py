@@ -281,12 +281,17 @@ def test_the_launch_bound_part_is_the_interval_back_to_back_minus_the_device_tim
     partly = alone_s + 0.25 * row["device_s"]         # the launch outlasts the kernels by a quarter of the step
     assert model_with_launch(partly).launch_bound_s(shape) == pytest.approx(0.25 * row["device_s"], rel=1e-6)
     assert model_with_launch(0.5 * alone_s).launch_bound_s(shape) == 0.0     # device-bound: nothing to hide
+    # ... whose back-to-back excess a step right behind a decode does not pay (graph replays only)
+    assert model_with_launch(0.5 * alone_s).after_decode_saving_s(shape) == pytest.approx(0.6 * row["device_s"], rel=1e-9)
+    assert model_with_launch(partly).after_decode_saving_s(shape) == 0.0      # launch-bound: the head start rule
     model = model_with_launch(10 * row["device_s"])
     big = prefill[(prefill["num_seqs"] == 1) & (prefill["prefix_tokens"] == 0)]["new_tokens"].max()
     assert model.launch_bound_s(StepShape(extend_new_tokens=(int(big),), extend_prefix_tokens=(0,))) == 0.0
     assert model.launch_bound_s(StepShape(num_decode_reqs=4, decode_context_tokens=400)) == 0.0
     assert model.num_priced == 0                     # asking for the bound prices nothing twice
     assert small_model().launch_bound_s(shape) == 0.0   # no device_alone_s column
+    assert small_model().after_decode_saving_s(shape) == 0.0
+    assert model.after_decode_saving_s(StepShape(num_decode_reqs=4, decode_context_tokens=400)) == 0.0
 
 
 def test_only_decodes_within_the_graph_limit_wait_for_their_launch():
