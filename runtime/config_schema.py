@@ -61,7 +61,7 @@ class RealSchema:
     cuda_graph: bool = True              # CUDA only, needs fast_path and an MLA model: decode graphs
     cuda_graph_max_bs: Optional[int] = None   # largest captured decode batch; null = scheduler.max_running_requests
     piecewise_cuda_graph: bool = True    # CUDA, fast path, one GPU: extend/mixed steps replay per-layer graph pieces
-    piecewise_cuda_graph_max_tokens: Optional[int] = None   # largest captured step; null = 2048 (capped by the chunk)
+    piecewise_cuda_graph_max_tokens: Optional[int] = None   # largest captured step; null = 8192 (capped by the chunk)
     dist_timeout_s: float = 600.0        # tp/dp > 1: a collective waiting longer fails (a peer hung); idle leaders ping
     freeze_gc: bool = True               # once the runner is built and warm: gc.freeze(), so collections while serving
                                          # skip the start-up objects (SGLang's /freeze_gc, which it leaves to the user)
