@@ -113,7 +113,8 @@ class SimDriver:
     ahead; it ends at the later of its back-to-back interval less what the step ahead still ran after that
     (its whole launch-bound part at most) and its launch time after it, and its ranks are done launching it
     only as it ends (a follower's launch of the pieces keeps pace with its device), so a decode replay after
-    it begins its launch then.
+    it begins its launch then. A step that starts as a decode-only step ends (no idle device between) takes
+    the cost model's after_decode_saving_s less: its price was timed back to back after a step like it.
     Coalesced decode runs apply the same rules step by step, so their records equal stepping's."""
 
     def __init__(self, scheduler: Scheduler, executor: SimExecutor, fast_forward: bool = True,
