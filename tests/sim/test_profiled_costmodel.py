@@ -434,3 +434,16 @@ def test_tensor_parallel_piecewise_extends_end_with_their_lockstep_launch():
     assert not tp1.launch_ends_step(shape)
     assert tp1.launch_time_s(shape) == pytest.approx(tp1.launch.launch_s(1, 1024, 0), rel=1e-12)
 
+
+
+@pytest.mark.parametrize("layout,subdir", [([], ""), (["tp=2"], "tp2")])
+def test_the_committed_h200_profiles_were_measured_at_the_runtimes_piecewise_limit(layout, subdir):
+    """The prefill tables of the committed profiles hold each step in the launch regime the runtime runs it in
+    by default (piecewise graphs up to the limit, eager past it): a change of the default limit without
+    profiling anew would price every step between the two limits from the other regime."""
+    from runtime.build import piecewise_graph_tokens
+    from sim.costmodel.profile_tables import prefill_piecewise_limit
+
+    directory = Path(__file__).parents[2] / "sim" / "profiles" / "h200" / "deepseek_v2_lite" / subdir
+    cfg = compose_config(["mode=real", "model=deepseek_v2_lite", "hardware=h200"] + layout)
+    assert prefill_piecewise_limit(directory) == piecewise_graph_tokens(cfg) == 8192
