@@ -63,15 +63,26 @@ async def collect_outputs(manager: TokenizerManager, state: ReqState, http: HTTP
             return outs
 
 
+# Characters that Python's str.splitlines (and line readers built on it, e.g. httpx's iter_lines) take for line
+# ends besides CR and LF, which JSON leaves raw when it does not escape non-ASCII (control characters below U+0020
+# are always escaped). Escaped, an event stays one line for such readers; the decoded JSON is the same.
+_LINE_BREAK_ESCAPES = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
+def event_json(value) -> str:
+    """JSON of an SSE event's value: UTF-8 text as is, except the Unicode line separators above, escaped."""
+    return json.dumps(value, ensure_ascii=False).translate(_LINE_BREAK_ESCAPES)
+
+
 def sse(payload: dict | str) -> str:
-    return f"data: {payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)}\n\n"
+    return f"data: {payload if isinstance(payload, str) else event_json(payload)}\n\n"
 
 
 def sse_with_text(payload: dict) -> Callable[[str], str]:
     """An SSE event maker for `payload` whose one value TEXT_SLOT becomes the given text: the JSON
     around it is serialized once per request, not once per token."""
     prefix, suffix = sse(payload).split(json.dumps(TEXT_SLOT))
-    return lambda text: prefix + json.dumps(text, ensure_ascii=False) + suffix
+    return lambda text: prefix + event_json(text) + suffix
 
 
 def total_usage(finishes: list[Finish], n: int) -> dict:
