@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import random
 import time
 from pathlib import Path
@@ -24,11 +25,13 @@ from tqdm import tqdm
 
 from experiments.compose import compose_config
 from experiments.fidelity_runs import ALL_WORKLOADS, QUIET, WORKLOADS
+from experiments.sweep import summary_metrics
 from runtime.build import build_core
 from runtime.core.request import RequestSpec
 from runtime.metrics import summarize
-from runtime.records_io import read_run, requests_frame, steps_frame
+from runtime.records_io import requests_frame, steps_frame
 from sim.app import sim_run
+from sim.costmodel.base import CostModel
 from sim.predictor import build_cost_model
 
 METRICS = ("requests_per_s", "ttft_p50_s", "ttft_p99_s", "tpot_mean_s")
@@ -48,16 +51,16 @@ def jittered(specs: list[RequestSpec], jitter_s: float, seed: int) -> list[Reque
 
 
 def metrics(summary: dict) -> dict[str, float]:
-    """The METRICS of a summary.json (either mode)."""
-    return {"requests_per_s": summary["throughput"]["requests_per_s"], "ttft_p50_s": summary["ttft_s"]["p50"],
-            "ttft_p99_s": summary["ttft_s"]["p99"], "tpot_mean_s": summary["tpot_s"]["mean"]}
+    """The METRICS of a summary.json (either mode), as the sweep tables name them."""
+    flat = summary_metrics(summary)
+    return {metric: flat[metric] for metric in METRICS}
 
 
-def simulate(overrides: list[str], specs: list[RequestSpec]) -> dict[str, float]:
-    """One mode=sim run of `specs` under the composed overrides (a fresh scheduler and cost model)."""
-    cfg = compose_config(["mode=sim"] + overrides + QUIET)
+def simulate(cfg, specs: list[RequestSpec], cost_model: CostModel | None = None) -> dict[str, float]:
+    """One mode=sim run of `specs` under `cfg` with a fresh scheduler; `cost_model`: one built for cfg before
+    (its prices depend on the step alone), else built here."""
     core = build_core(cfg)
-    run = sim_run(cfg, core, build_cost_model(cfg, core))
+    run = sim_run(cfg, core, cost_model if cost_model is not None else build_cost_model(cfg, core))
     started = time.perf_counter()
     with run.context():
         outcome = run.driver.run(specs)
@@ -69,9 +72,10 @@ def workload_runs(name: str, overrides: list[str], runs: int, jitter_s: float, s
     """Run 0 with the workload's own arrivals, runs 1..runs with jittered ones (seeds seed+1 ...)."""
     cfg = compose_config(["mode=sim"] + overrides + QUIET)
     specs = instantiate(cfg.workload).requests()
+    cost_model = build_cost_model(cfg, build_core(cfg))       # the profile read once for every run
     rows = []
     for run in range(runs + 1):
-        values = simulate(overrides, jittered(specs, jitter_s if run else 0.0, seed + run))
+        values = simulate(cfg, jittered(specs, jitter_s if run else 0.0, seed + run), cost_model)
         rows.append({"workload": name, "run": run, "jitter_s": jitter_s if run else 0.0, **values})
     return rows
 
@@ -83,7 +87,8 @@ def bands(runs: pd.DataFrame, real_root: Path | None) -> pd.DataFrame:
     rows = []
     for name, group in runs.groupby("workload", sort=False):
         base, moved = group[group["run"] == 0].iloc[0], group[group["run"] > 0]
-        real = metrics(read_run(real_root / name)[2]) if real_root is not None and (real_root / name).exists() else None
+        summary = real_root / name / "summary.json" if real_root is not None else None
+        real = metrics(json.loads(summary.read_text())) if summary is not None and summary.exists() else None
         for metric in METRICS:
             values = pd.concat([moved[metric], pd.Series([base[metric]])])
             row = {"workload": name, "metric": metric, "unjittered": base[metric], "min": moved[metric].min(),

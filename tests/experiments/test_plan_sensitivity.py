@@ -9,6 +9,7 @@ import pytest
 from hydra.utils import instantiate
 
 from experiments.compose import compose_config
+from experiments.fidelity_runs import QUIET
 from experiments.plan_sensitivity import METRICS, bands, jittered, simulate, workload_runs
 from runtime.core.request import RequestSpec
 
@@ -44,7 +45,7 @@ def test_the_unjittered_run_is_the_plain_simulation(tmp_path):
         plain = {"requests_per_s": summary["throughput"]["requests_per_s"], "ttft_p50_s": summary["ttft_s"]["p50"],
                  "ttft_p99_s": summary["ttft_s"]["p99"], "tpot_mean_s": summary["tpot_s"]["mean"]}[metric]
         assert rows[0][metric] == pytest.approx(plain, rel=1e-12)
-    again = simulate(TINY, instantiate(cfg.workload).requests())
+    again = simulate(compose_config(["mode=sim"] + TINY + QUIET), instantiate(cfg.workload).requests())
     assert again == {m: rows[0][m] for m in METRICS}
 
 
@@ -53,8 +54,6 @@ def test_bands_say_whether_the_real_value_lies_within_the_runs(tmp_path):
                           "tpot_mean_s": 0.01} for i, v in enumerate([0.10, 0.08, 0.12])])
     real = tmp_path / "w"
     real.mkdir()
-    for name in ("requests.parquet", "steps.parquet"):
-        pd.DataFrame({"x": [0]}).to_parquet(real / name)
     summary = {"throughput": {"requests_per_s": 1.0}, "ttft_s": {"p50": 0.11, "p99": 0.5}, "tpot_s": {"mean": 0.01}}
     (real / "summary.json").write_text(json.dumps(summary))
     table = bands(runs, tmp_path).set_index("metric")
