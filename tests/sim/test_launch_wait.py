@@ -176,7 +176,6 @@ def test_coalesced_decode_runs_after_lockstep_steps_equal_stepping(decode_s):
     assert coalesced == stepped
 
 
-
 def test_an_extend_right_behind_a_decode_ends_its_saving_earlier():
     """after_decode_saving_s: the second request's prefill, launched while the first request decodes, starts as
     that decode ends and takes its saving less; the first prefill (nothing ahead of it) keeps its price, and

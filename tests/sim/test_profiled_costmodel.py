@@ -435,7 +435,6 @@ def test_tensor_parallel_piecewise_extends_end_with_their_lockstep_launch():
     assert tp1.launch_time_s(shape) == pytest.approx(tp1.launch.launch_s(1, 1024, 0), rel=1e-12)
 
 
-
 @pytest.mark.parametrize("layout,subdir", [([], ""), (["tp=2"], "tp2")])
 def test_the_committed_h200_profiles_were_measured_at_the_runtimes_piecewise_limit(layout, subdir):
     """The prefill tables of the committed profiles hold each step in the launch regime the runtime runs it in
