@@ -132,12 +132,13 @@ class ProfiledCostModel:
 
     def launch_time_s(self, shape: StepShape) -> float:
         """The host table's launch (timed on an idle device, each step after the one before had ended); for
-        piecewise extends under tensor parallelism, at most the prefill table's launch of one sequence of as
-        many tokens without a cached prefix, timed back to back (launch_host_s). Both time the leader's launch,
-        each with a wait of its own (back to back: on the ranks still launching the step ahead; idle: on the
-        other ranks taking a step after idling, an assumption not measured apart), so the shorter is taken: at
-        tp=2 the back-to-back launch of 64-512 tokens is 11-12 ms against 13.7-14.5 ms idle, and the leader's
-        launches timed in served tp=2 runs (experiments/results/h200x2/launch_times) were 10-14 ms (medians)."""
+        piecewise extends under tensor parallelism, the prefill table's launch of one sequence of as many tokens
+        without a cached prefix, timed back to back (launch_host_s): served, the ranks launch such steps in
+        lockstep behind the step ahead, as they do back to back, and the leader's launch waits on the other ranks
+        as it does there. Served tp=2 launches of up to 2,048 tokens took 14-17 ms (medians) on a machine whose
+        back-to-back launches took 13-15 ms and idle ones 10.5-12 ms (experiments/results/h200x2/
+        fidelity_tp2_limit8192), and 10-14 ms on one with 11-12 ms back to back and 13.7-14.5 ms idle
+        (experiments/results/h200x2/launch_times)."""
         if self.launch is None:
             return self.roofline.launch_time_s(shape)
         key = (len(shape.extend_new_tokens), sum(shape.extend_new_tokens), shape.num_decode_reqs)
@@ -145,7 +146,7 @@ class ProfiledCostModel:
         if cached is None:
             cached = self.launch.launch_s(*key)
             if self.launch_back_to_back is not None and self._lockstep_piecewise(shape):
-                cached = min(cached, float(self.launch_back_to_back(key[1] + key[2])))
+                cached = float(self.launch_back_to_back(key[1] + key[2]))
             self._launch_cache[key] = cached
         return cached
 

@@ -407,24 +407,25 @@ def test_a_regime_the_profile_did_not_measure_at_that_size_falls_back(tmp_path):
 
 def test_tensor_parallel_piecewise_extends_end_with_their_lockstep_launch():
     """At tp=2 a piecewise extend's whole back-to-back excess over its kernels alone is its launch-bound part
-    (launch_ends_step: the ranks launch in lockstep), and its launch is the shorter of the host table's (idle
-    device) and the prefill table's back-to-back one; eager extends and decodes keep the capped rule, and at
-    tp=1 nothing changes."""
+    (launch_ends_step: the ranks launch in lockstep), and its launch is the prefill table's back-to-back one,
+    not the host table's (idle device); eager extends and decodes keep the capped rule, and at tp=1 nothing
+    changes."""
     profiles = Path(__file__).parents[2] / "sim" / "profiles" / "h200" / "deepseek_v2_lite"
     tp2 = profiles / "tp2"
     core = build_core(compose_config(["model=deepseek_v2_lite", "hardware=h200", "tp=2"]))
     model = ProfiledCostModel(core.model, core.hardware, core.layout, fallback=RooflineCostModel,
                               profile=str(tp2), piecewise_max_tokens=2048)
     prefill = pd.read_csv(tp2 / "prefill.csv").set_index(["num_seqs", "new_tokens", "prefix_tokens"])
-    host = pd.read_csv(tp2 / "host.csv")
-    row = prefill.loc[(1, 1024, 0)]
     shape = StepShape(extend_new_tokens=(1024,), extend_prefix_tokens=(0,))
     assert model.launch_ends_step(shape)
-    assert model.launch_bound_s(shape) == pytest.approx(row["device_s"] - row["device_alone_s"], rel=1e-9)
-    idle = host[(host["kind"] == "prefill") & (host["new_tokens"] == 1024)]["launch_s"].mean()
-    assert model.launch_time_s(shape) == pytest.approx(min(idle, row["launch_host_s"]), rel=1e-9)
-    small = prefill.loc[(1, 256, 0)]
-    assert model.launch_time_s(StepShape((256,), (0,))) == pytest.approx(small["launch_host_s"], rel=1e-9)
+    launch_bound = prefill.loc[(1, 512, 0)]                      # a point whose launch outlasts its kernels
+    assert launch_bound["device_s"] > launch_bound["device_alone_s"]
+    excess = launch_bound["device_s"] - launch_bound["device_alone_s"]
+    assert model.launch_bound_s(StepShape((512,), (0,))) == pytest.approx(excess, rel=1e-9)
+    for tokens in (256, 512, 1024):           # the back-to-back launch, though longer than the idle one here
+        back_to_back = prefill.loc[(1, tokens, 0)]["launch_host_s"]
+        assert back_to_back > model.launch.launch_s(1, tokens, 0)
+        assert model.launch_time_s(StepShape((tokens,), (0,))) == pytest.approx(back_to_back, rel=1e-9)
     eager = StepShape(extend_new_tokens=(3072,), extend_prefix_tokens=(0,))
     assert not model.launch_ends_step(eager)
     assert not model.launch_ends_step(StepShape(num_decode_reqs=8, decode_context_tokens=800))
