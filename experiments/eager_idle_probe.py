@@ -1,5 +1,5 @@
-"""Are eager extend steps (past the piecewise graphs' limit) slower after the runner has been idle, and is that
-apart from a token count being served for the first time? Builds the runner as `mode=real` does (warm-up
+"""Are extend steps (eager past the piecewise graphs' limit, graph-replayed within it) slower after the runner has
+been idle, and is that apart from a token count being served for the first time? Builds the runner as `mode=real` does (warm-up
 included), serves one token count a few times (warm), then for each idle gap (in a shuffled order, several
 rounds) sleeps that long and launches, back to back: the warm token count, a token count never served before,
 and the warm one again. Prints and writes (`--out` CSV) each step's interval with the gap before it. GPU (imports
