@@ -115,6 +115,9 @@ class SimDriver:
     only as it ends (a follower's launch of the pieces keeps pace with its device), so a decode replay after
     it begins its launch then. A step that starts as a decode-only step ends (no idle device between) takes
     the cost model's after_decode_saving_s less: its price was timed back to back after a step like it.
+    The first step after the host waited for arrivals with nothing in flight launches idle_launch_factor(the
+    wait) times slower (its launch, and a graph replay's lead, stretch; a launch-bound step ends that much
+    later; none ends before its launch returns), with overlap or without.
     Coalesced decode runs apply the same rules step by step, so their records equal stepping's."""
 
     def __init__(self, scheduler: Scheduler, executor: SimExecutor, fast_forward: bool = True,
@@ -152,6 +155,7 @@ class SimDriver:
 
     def _engine(self, env: simpy.Environment, source: ArrivalSource, steps: StepLog, done: list[Request]):
         sched = self.scheduler
+        idle_from: float | None = None      # when the host began waiting for arrivals with nothing to do
         while True:
             for spec in source.arrived(env.now):
                 sched.add(Request.from_spec(spec), env.now)
@@ -164,9 +168,11 @@ class SimDriver:
                     if sched.has_work():
                         raise RuntimeError("scheduler stalled: work left but no step planned")
                     break
+                idle_from = env.now if idle_from is None else idle_from
                 yield source.wait(env)
                 continue
             start = env.now
+            idle_s, idle_from = (start - idle_from if idle_from is not None else 0.0), None
             next_arrival = source.next_arrival_s()
             num_steps = 1
             if self.fast_forward and plan.mode is ForwardMode.DECODE:
@@ -176,7 +182,11 @@ class SimDriver:
                                                        done, source)
             else:
                 result = self.executor.execute(plan)
-                yield env.timeout(result.duration_s)
+                duration_s = result.duration_s
+                if idle_s > 0.0 and (result.launch_bound_s > 0.0 or result.launch_lead_s > 0.0):
+                    # a launch-bound step after the host idled: its slower launch (idle_launch_factor) lengthens it
+                    duration_s += result.launch_s * (self.executor.idle_launch_factor(idle_s) - 1.0)
+                yield env.timeout(duration_s)
                 sched.commit(plan, result, env.now)
                 steps.record(plan, start, env.now, sched.kv.used_tokens(), len(sched.waiting), len(sched.running))
             finished += sched.pop_finished()
@@ -303,6 +313,7 @@ class SimDriver:
         sched = self.scheduler
         last: _InFlight | None = None
         launched_by = 0.0       # when the latest step's launch had reached the device on every rank
+        idle_from: float | None = None      # when the host, with nothing in flight, began waiting for arrivals
 
         def finish_last():
             nonlocal last
@@ -333,9 +344,11 @@ class SimDriver:
                         raise RuntimeError("scheduler stalled: work left but no step planned")
                     break
                 else:
+                    idle_from = env.now if idle_from is None else idle_from
                     yield source.wait(env)
             else:
                 prev_end = last.end_s if last is not None else t
+                idle_s, idle_from = (t - idle_from if idle_from is not None else 0.0), None
                 num_steps = 1
                 if self.fast_forward and plan.mode is ForwardMode.DECODE and not plan.retracted_rids:
                     num_steps = sched.decode_run_bound(plan, self.max_run_steps, t, overlap=True)
@@ -363,9 +376,16 @@ class SimDriver:
                     result = self.executor.execute(plan)
                     launch_begin = t + result.host_s
                     start = max(prev_end, launch_begin)
-                    lead = result.launch_lead_s
+                    # after the host idled its launch is slower (idle_launch_factor): the launch and its lead
+                    # stretch, a launch-bound step ends that much later, and no step before its launch returns
+                    slow = self.executor.idle_launch_factor(idle_s) if idle_s > 0.0 else 1.0
+                    launch_s, lead = result.launch_s * slow, result.launch_lead_s * slow
                     ready = max(prev_end, launch_begin + lead, launched_by + lead) if lead else start
                     end = ready + result.duration_s - result.host_s       # (this order: decode runs sum the same way)
+                    if slow > 1.0 and not lead:
+                        if result.launch_bound_s > 0.0 and not result.launch_ends_step:
+                            end += launch_s - result.launch_s
+                        end = max(end, launch_begin + launch_s)
                     head_start = prev_end - launch_begin
                     if result.after_decode_saving_s > 0.0 and ready <= prev_end and _is_decode(last):
                         end -= result.after_decode_saving_s                 # right behind a decode-only step
@@ -375,10 +395,10 @@ class SimDriver:
                         # ahead after that hides the launch-bound part, and no rank is done launching it before
                         # its launch time from then, nor (paced by its device) before the step ends
                         free = max(launch_begin, launched_by)
-                        end = max(end - min(max(prev_end - free, 0.0), result.launch_bound_s), free + result.launch_s)
-                        launched_by = max(free + result.launch_s, end)
+                        end = max(end - min(max(prev_end - free, 0.0), result.launch_bound_s), free + launch_s)
+                        launched_by = max(free + launch_s, end)
                     else:
-                        launched_by = launch_begin + result.launch_s
+                        launched_by = launch_begin + launch_s
                     if result.launch_bound_s > 0.0 and not result.launch_ends_step:
                         if head_start > 0.0:                             # the head start the launch had
                             end -= min(head_start, result.launch_bound_s)
@@ -386,8 +406,8 @@ class SimDriver:
                             launched_by = max(launched_by, end)          # launched it only then
                     launched = _InFlight(plan, result, start, end)
                     yield from finish_last()
-                    if env.now < launch_begin + result.launch_s:
-                        yield env.timeout_until(launch_begin + result.launch_s)   # the launch returns
+                    if env.now < launch_begin + launch_s:
+                        yield env.timeout_until(launch_begin + launch_s)   # the launch returns
                     sched.advance(plan, env.now, result.next_token_ids)
                     last = launched
             finished = sched.pop_finished()

@@ -158,6 +158,10 @@ class SimExecutor:
     def launch(self, plan: StepPlan) -> FinishedStep:
         return FinishedStep(self.execute(plan))
 
+    def idle_launch_factor(self, idle_s: float) -> float:
+        """The cost model's factor on a step's launch after `idle_s` seconds of host idle (CostModel.idle_launch_factor)."""
+        return self.cost_model.idle_launch_factor(idle_s)
+
     def decode_host_s(self, num_reqs: int) -> float:
         """Host share of each step of a decode run of a batch of `num_reqs` (independent of context)."""
         n = num_reqs

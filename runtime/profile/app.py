@@ -1,7 +1,7 @@
 """`mode=profile`: build the runner exactly as `mode=real` does, fill its KV pool with KV the model wrote, and time its own forward steps over a
 grid -- decode batch x context (graph replay and eager), prefill tokens x cached prefix (one and several
-sequences), mixed steps, MoE and LM-head operators -- and the host work per step, into tidy CSV tables
-under sim/profiles/<hardware>/<model>/ (`profile.out_dir`), with meta.json. Resumable: points already in
+sequences), mixed steps, MoE and LM-head operators -- and the host work per step and a step's launch after idle
+gaps, into tidy CSV tables under sim/profiles/<hardware>/<model>/ (`profile.out_dir`), with meta.json. Resumable: points already in
 a table are skipped. tp=N (ep=M) profiles one replica of N GPUs into tp<N>[ep<M>]/ under that directory
 (all but the ops table). Imports torch (through the runner).
 
@@ -27,7 +27,7 @@ from runtime.profile.tables import ProfileTable, write_meta
 from sim.costmodel.profile_layouts import layout_subdir
 from sim.costmodel.profile_tables import profile_dir
 
-SECTIONS = ("decode", "prefill", "host", "mixed", "ops", "decode_shared")   # measured in this order
+SECTIONS = ("decode", "prefill", "host", "mixed", "ops", "decode_shared", "idle_launch")   # measured in this order
 KV_READING = {"decode", "prefill", "mixed", "decode_shared"}   # their steps attend KV already in the pool
 KEYS = {
     "decode": ("path", "batch_size", "context_tokens"),
@@ -36,6 +36,7 @@ KEYS = {
     "host": ("kind", "num_reqs", "new_tokens"),
     "ops": ("op", "num_tokens"),
     "decode_shared": ("order", "batch_size", "group_size", "shared_tokens", "private_tokens"),
+    "idle_launch": ("kind", "new_tokens", "gap_s"),
 }
 Point = tuple[str, dict, Callable[[], list[dict] | dict]]   # (table, key values, measure)
 
@@ -179,6 +180,12 @@ def _points(section: str, cfg: DictConfig, core, runner, grid: Grid, limits: Lim
             if reqs * each <= limits.max_new_tokens and each < limits.max_context_tokens:
                 yield "host", dict(kind="prefill", num_reqs=reqs, new_tokens=reqs * each), \
                     lambda r=reqs, e=each: host_prefill_row(cfg, core, runner, r, e, grid.host_steps)
+    elif section == "idle_launch":
+        from runtime.profile.idle_launch import idle_launch_rows
+        for kind, size in grid.idle_points:
+            if (size <= limits.max_batch) if kind == "decode" else (size <= limits.max_new_tokens):
+                yield "idle_launch", dict(kind=kind, new_tokens=size, gap_s=0.0), \
+                    lambda k=kind, n=size: idle_launch_rows(cfg, core, runner, k, n, grid.idle_gaps_s, grid.idle_rounds)
     elif section == "decode_shared":
         for batch, group, shared, private in shared_decode_points(grid, limits):
             for order in ("grouped", "interleaved") if 1 < group < batch else ("grouped",):

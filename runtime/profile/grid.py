@@ -35,6 +35,10 @@ class Grid:
     shared_groups: tuple[int, ...] = ()       # requests per shared prefix (1: nothing shared)
     shared_prefixes: tuple[int, ...] = ()     # shared tokens per group
     shared_private: tuple[int, ...] = ()      # private tokens per request after the shared ones
+    # launches after the host idled: (kind, size) steps (runtime/profile/idle_launch.py), each gap, rounds each
+    idle_points: tuple[tuple[str, int], ...] = ()
+    idle_gaps_s: tuple[float, ...] = ()
+    idle_rounds: int = 0
 
 
 def _capture_sizes_to(max_bs: int) -> tuple[int, ...]:
@@ -50,7 +54,8 @@ GRIDS = {
                   multi_prefixes=(0,), mixed_tokens=(16,), mixed_batches=(2,), mixed_context=32,
                   host_decode_batches=(1, 4), host_prefill=((1, 16), (2, 16)), op_tokens=(1, 16),
                   repeats=2, host_steps=2, shared_batches=(4,), shared_groups=(1, 2, 4), shared_prefixes=(32,),
-                  shared_private=(8,)),
+                  shared_private=(8,), idle_points=(("prefill", 16), ("decode", 2)), idle_gaps_s=(0.01, 0.05),
+                  idle_rounds=2),
     "quick": Grid(decode_batches=_capture_sizes_to(128) + (160, 192, 224, 256, 384, 512, 1024),
                   decode_contexts=(128, 1024, 2048, 4096, 16384, 65536),
                   eager_batches=(1, 8, 64, 256, 1024), eager_contexts=(128, 1024, 4096),
@@ -62,7 +67,8 @@ GRIDS = {
                   host_prefill=((1, 128), (1, 1024), (1, 3072), (1, 5120), (1, 8192), (8, 128), (8, 1024), (64, 128)),
                   op_tokens=(1, 8, 64, 256, 1024, 4096, 8192), repeats=5, host_steps=8,
                   shared_batches=(16, 64, 128, 256), shared_groups=(1, 4, 16, 64), shared_prefixes=(512, 2048, 4096, 8192),
-                  shared_private=(128, 1024)),
+                  shared_private=(128, 1024), idle_points=(("prefill", 256), ("decode", 1)),
+                  idle_gaps_s=(0.1, 1.0, 4.0, 12.0), idle_rounds=3),
     "full": Grid(decode_batches=_capture_sizes_to(1024),
                  decode_contexts=(64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072),
                  eager_batches=(1, 4, 16, 64, 128, 256, 512, 1024), eager_contexts=(128, 1024, 4096, 16384),
@@ -76,7 +82,9 @@ GRIDS = {
                  op_tokens=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384),
                  repeats=10, host_steps=16,
                  shared_batches=(8, 16, 32, 64, 128, 256, 512), shared_groups=(1, 2, 4, 8, 16, 32, 64, 128),
-                 shared_prefixes=(256, 1024, 2048, 4096, 8192, 16384), shared_private=(64, 256, 1024, 4096)),
+                 shared_prefixes=(256, 1024, 2048, 4096, 8192, 16384), shared_private=(64, 256, 1024, 4096),
+                 idle_points=(("prefill", 256), ("prefill", 2048), ("decode", 1), ("decode", 64)),
+                 idle_gaps_s=(0.1, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0), idle_rounds=5),
 }
 
 

@@ -28,7 +28,8 @@ class ProfileTable:
                     self._keys.add(tuple(str(row[c]) for c in key_columns))
 
     def key(self, values: dict) -> tuple[str, ...]:
-        return tuple(str(values[c]) for c in self.key_columns)
+        """The point's key as the file holds it (floats written to 9 significant digits)."""
+        return tuple(f"{values[c]:.9g}" if isinstance(values[c], float) else str(values[c]) for c in self.key_columns)
 
     def has(self, values: dict) -> bool:
         return self.key(values) in self._keys

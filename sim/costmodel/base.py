@@ -124,6 +124,13 @@ class CostModel(Protocol):
         step than after a heavy one."""
         ...
 
+    def idle_launch_factor(self, idle_s: float) -> float:
+        """How many times its launch_time_s the launch of a step takes when the host has idled `idle_s` seconds
+        before it (1 for no idle; >= 1). On an H200 a 256-token graph-replayed prefill launched after 8 s of idle
+        took 1.1-1.6x its time right after a step, and a step after gaps of up to 2 s at most 1 ms more
+        (experiments/results/h200/piecewise_idle_probe)."""
+        ...
+
     def launch_ends_step(self, shape: StepShape) -> bool:
         """True for steps that ranks launching in lockstep (tensor parallelism) launch without waiting on the
         device, but whose kernels cannot outrun their launch (extends replayed as piecewise CUDA graphs, eager

@@ -30,6 +30,7 @@ from runtime.core.model_spec import ModelSpec
 from sim.costmodel.base import CostModel, StepShape, decode_segments_one_by_one
 from sim.costmodel.mla_kv_split import KVSplitExcess, num_clusters
 from sim.costmodel.profile_host import HostTable
+from sim.costmodel.profile_idle import IdleLaunch
 from sim.costmodel.profile_launch import LaunchTable
 from sim.costmodel.shared_reads import fit_shared_read_fraction
 from sim.costmodel.profile_tables import (
@@ -98,6 +99,8 @@ class ProfiledCostModel:
         self._multi = self._multi_factors(prefill[prefill["num_seqs"] > 1])
         host_rows = pd.read_csv(directory / "host.csv") if (directory / "host.csv").exists() else None
         self.host = HostTable(host_rows) if host_rows is not None else None
+        idle = directory / "idle_launch.csv"
+        self.idle_launch = IdleLaunch(pd.read_csv(idle)) if idle.exists() else None
         self.launch = (LaunchTable(host_rows, piecewise_max_tokens)
                        if host_rows is not None and "launch_s" in host_rows else None)
         shared = directory / "decode_shared.csv"
@@ -149,6 +152,11 @@ class ProfiledCostModel:
                 cached = float(self.launch_back_to_back(key[1] + key[2]))
             self._launch_cache[key] = cached
         return cached
+
+    def idle_launch_factor(self, idle_s: float) -> float:
+        """The idle_launch table's factor after `idle_s` seconds of host idle (sim/costmodel/profile_idle.py);
+        1 where the profile has no such table."""
+        return self.idle_launch.factor(idle_s) if self.idle_launch is not None else 1.0
 
     def _lockstep_piecewise(self, shape: StepShape) -> bool:
         """A step with extends replayed as piecewise graphs by ranks that launch in lockstep (tp > 1)."""

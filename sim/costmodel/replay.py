@@ -37,6 +37,9 @@ class ReplayCostModel:
     def after_decode_saving_s(self, shape: StepShape) -> float:
         return 0.0      # the recorded durations are what the steps took where they ran
 
+    def idle_launch_factor(self, idle_s: float) -> float:
+        return 1.0      # the recorded durations already hold any slow launch after idle
+
     def device_waits_for_launch(self, shape: StepShape) -> bool:
         return False    # the recorded durations already hold any wait for a launch
 

@@ -156,6 +156,9 @@ class RooflineCostModel:
     def after_decode_saving_s(self, shape: StepShape) -> float:
         return 0.0      # one price per step, whatever ran ahead of it
 
+    def idle_launch_factor(self, idle_s: float) -> float:
+        return 1.0      # launches priced the same whatever the host did before
+
     def device_waits_for_launch(self, shape: StepShape) -> bool:
         return (self.cuda_graph and shape.is_decode_only
                 and (self.cuda_graph_max_bs is None or shape.num_decode_reqs <= self.cuda_graph_max_bs))

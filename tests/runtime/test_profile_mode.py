@@ -28,7 +28,7 @@ def test_profile_writes_resumable_tables_the_profiled_model_reads(tmp_path):
     for name, keys in KEYS.items():
         frame = pd.read_csv(tmp_path / f"{name}.csv")
         assert set(keys) <= set(frame.columns) and len(frame) > 0, name
-        time_column = "host_s" if name == "host" else "device_s"
+        time_column = {"host": "host_s", "idle_launch": "launch_s"}.get(name, "device_s")
         assert (frame[time_column] > 0).all(), name
         assert not frame.duplicated(list(keys)).any(), name
     decode = pd.read_csv(tmp_path / "decode.csv")

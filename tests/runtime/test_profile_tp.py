@@ -53,6 +53,8 @@ def test_tp2_profile_measures_every_grid_point_of_the_one_gpu_profile(profiles):
     measured, one_gpu = root / "measured_tp2", root / "cpu" / "tiny_mla_moe"
     assert result["directory"] == str(measured) and "ops" not in result
     assert not (measured / "ops.csv").exists()                 # single operators: one GPU only
+    idle = pd.read_csv(measured / "idle_launch.csv")          # the leader's launches after idle gaps
+    assert len(idle) > 0 and (idle["launch_s"] > 0).all() and (idle["gap_s"] == 0).any()
     for name in STEP_TABLES:
         keys = list(KEYS[name])
         tp2, tp1 = pd.read_csv(measured / f"{name}.csv"), pd.read_csv(one_gpu / f"{name}.csv")
@@ -63,8 +65,10 @@ def test_tp2_profile_measures_every_grid_point_of_the_one_gpu_profile(profiles):
     meta = json.loads((measured / "meta.json").read_text())
     assert meta["layout"] == {"tp": 2, "ep": 1, "pp": 1}
     run = meta["runs"][-1]
-    assert run["num_gpus"] == 2 and run["sections"] == ["decode", "prefill", "host", "mixed", "decode_shared"]
-    assert run["points_measured"] == sum(len(pd.read_csv(measured / f"{n}.csv")) for n in STEP_TABLES)
+    sections = ["decode", "prefill", "host", "mixed", "decode_shared", "idle_launch"]
+    assert run["num_gpus"] == 2 and run["sections"] == sections
+    idle_points = idle.groupby(["kind", "new_tokens"]).ngroups       # one point: a row per gap
+    assert run["points_measured"] == sum(len(pd.read_csv(measured / f"{n}.csv")) for n in STEP_TABLES) + idle_points
 
 
 def test_auto_and_profiled_price_tp2_from_the_tp2_profile(profiles, tmp_path, monkeypatch):

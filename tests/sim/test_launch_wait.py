@@ -28,9 +28,13 @@ class SlowLaunches:
     steps with extends launch-bound for `bound_s` of their device time."""
 
     def __init__(self, inner, extend_s: float, decode_s: float, bound_s: float = 0.0, host_s: float | None = None,
-                 decode_waits: bool = False, lockstep: bool = False, saving_s: float = 0.0) -> None:
+                 decode_waits: bool = False, lockstep: bool = False, saving_s: float = 0.0,
+                 idle_factor: float = 1.0) -> None:
         self.inner, self.extend_s, self.decode_s, self.bound_s, self.host_s = inner, extend_s, decode_s, bound_s, host_s
-        self.decode_waits, self.lockstep, self.saving_s = decode_waits, lockstep, saving_s
+        self.decode_waits, self.lockstep, self.saving_s, self.idle_factor = decode_waits, lockstep, saving_s, idle_factor
+
+    def idle_launch_factor(self, idle_s: float) -> float:     # idle_factor after more than 1 s of host idle
+        return self.idle_factor if idle_s > 1.0 else 1.0
 
     def after_decode_saving_s(self, shape) -> float:
         return 0.0 if shape.is_decode_only else self.saving_s
@@ -56,13 +60,13 @@ class SlowLaunches:
 
 def run(extend_s: float, decode_s: float = 0.0, second_arrival_s: float = 1e-4, overlap: bool = True,
         bound_s: float = 0.0, host_s: float | None = None, decode_waits: bool = False, fast_forward: bool = True,
-        extra: tuple[str, ...] = (), lockstep: bool = False, saving_s: float = 0.0):
+        extra: tuple[str, ...] = (), lockstep: bool = False, saving_s: float = 0.0, idle_factor: float = 1.0):
     cfg = compose_config(TINY + list(extra))
     first, second = instantiate(cfg.workload).requests()[:2]
     specs = [dataclasses.replace(first, arrival_s=0.0), dataclasses.replace(second, arrival_s=second_arrival_s)]
     core = build_core(cfg)
     model = SlowLaunches(build_cost_model(cfg, core), extend_s, decode_s, bound_s, host_s, decode_waits, lockstep,
-                         saving_s)
+                         saving_s, idle_factor)
     outcome = SimDriver(core.scheduler, SimExecutor(model, core.model.vocab_size), progress=False, overlap=overlap,
                         fast_forward=fast_forward).run(specs)
     return {r.rid: r for r in outcome.requests}, outcome.steps.columns
@@ -193,3 +197,20 @@ def test_an_extend_right_behind_a_decode_ends_its_saving_earlier():
     _, plain = run(**common, overlap=False)
     _, plain_saved = run(**common, overlap=False, saving_s=1e-6)
     assert plain_saved == plain
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_the_first_launch_after_the_host_idled_is_slower_by_the_idle_factor(overlap):
+    """The second request arrives once the first has finished: its prefill is the first step after the host
+    idled, its launch (launch-bound, 10 ms) takes idle_launch_factor times as long, and it ends that much
+    later, with overlap or without; after an idle of under a second (the factor 1 here) nothing changes, and
+    the first request (no idle before it) never does."""
+    common = dict(extend_s=0.01, bound_s=0.01, host_s=1e-6, overlap=overlap)
+    ttft = lambda r: r.first_token_s - r.arrival_s       # noqa: E731
+    for arrival_s, extra_s in ((5.0, 2 * 0.01), (0.5, 0.0)):
+        base, _ = run(**common, second_arrival_s=arrival_s)
+        slow, _ = run(**common, second_arrival_s=arrival_s, idle_factor=3.0)
+        first, second = sorted(base)
+        assert base[first].finish_s < arrival_s                        # the host idled before the second
+        assert slow[first].first_token_s == base[first].first_token_s
+        assert ttft(slow[second]) == pytest.approx(ttft(base[second]) + extra_s, abs=1e-9)
