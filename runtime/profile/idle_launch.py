@@ -17,6 +17,7 @@ from runtime.core.request import Request, SamplingParams
 from runtime.profile.host import _prompt
 
 IDLE_KINDS = ("prefill", "decode")
+FOLLOWING_STEPS = 2     # steps timed back to back after the one behind the gap: does the slow host persist?
 
 
 def _timed(scheduler, runner, now: float) -> dict:
@@ -33,16 +34,17 @@ def _timed(scheduler, runner, now: float) -> dict:
 def idle_launch_rows(cfg: DictConfig, core: CoreComponents, runner, kind: str, size: int,
                      gaps_s: tuple[float, ...], rounds: int, seed: int = 0) -> list[dict]:
     """One row per gap (gap 0 first) for a step of `kind`: "prefill" (one fresh prompt of `size` tokens) or
-    "decode" (a batch of `size` requests of 32-token prompts, prefilled untimed). Each round times every gap once,
-    in an order shuffled with `seed` (after one untimed round without sleeps); a gap's row holds the medians of its
-    rounds."""
+    "decode" (a batch of `size` requests of 32-token prompts, prefilled untimed): the launch and interval of the step
+    behind the gap, and the mean launch of the FOLLOWING_STEPS steps launched back to back after it (next_launch_s).
+    Each round times every gap once, in an order shuffled with `seed` (after one untimed round without sleeps); a
+    gap's row holds the medians of its rounds."""
     if kind not in IDLE_KINDS:
         raise ValueError(f"idle_launch kind={kind!r}: expected one of {IDLE_KINDS}")
     scheduler = build_scheduler(cfg, core.model, core.kv_capacity_tokens)
     vocab, now = core.model.vocab_size, 0.0
     order = [0.0, *gaps_s]
     if kind == "decode":
-        steps = (rounds + 1) * len(order) * 2 + 8
+        steps = (rounds + 1) * len(order) * (2 + FOLLOWING_STEPS) + 8
         for b in range(size):
             scheduler.add(Request(f"idle-d{size}-{b}", _prompt(b, 32, vocab),
                                   SamplingParams(max_new_tokens=steps, ignore_eos=True), 0.0), 0.0)
@@ -67,13 +69,22 @@ def idle_launch_rows(cfg: DictConfig, core: CoreComponents, runner, kind: str, s
                 time.sleep(gap)
             now += 1e-3 + gap
             sample = _timed(scheduler, runner, now)
+            following = []
+            for j in range(FOLLOWING_STEPS):
+                if kind == "prefill":
+                    prompt = _prompt(rnd * 131 + k + 104729 * (j + 1), size, vocab)
+                    scheduler.add(Request(f"idle-f{size}-{rnd}-{k}-{j}", prompt,
+                                          SamplingParams(max_new_tokens=1, ignore_eos=True), now), now)
+                now += 1e-3
+                following.append(_timed(scheduler, runner, now)["launch_s"])
             if rnd:
-                samples[gap].append(sample)
+                samples[gap].append({**sample, "next_launch_s": statistics.mean(following)})
             scheduler.pop_finished()
     rows = []
     for gap in order:
         got = samples[gap]
         rows.append({"kind": kind, "new_tokens": size, "gap_s": gap,
                      "launch_s": statistics.median(s["launch_s"] for s in got),
-                     "interval_s": statistics.median(s["interval_s"] for s in got), "samples": len(got)})
+                     "interval_s": statistics.median(s["interval_s"] for s in got),
+                     "next_launch_s": statistics.median(s["next_launch_s"] for s in got), "samples": len(got)})
     return rows

@@ -37,6 +37,8 @@ def test_profile_writes_resumable_tables_the_profiled_model_reads(tmp_path):
     for name in ("prefill", "mixed"):         # steps with extends are also timed with their launch hidden
         frame = pd.read_csv(tmp_path / f"{name}.csv")
         assert (frame["device_alone_s"] > 0).all(), name
+    idle = pd.read_csv(tmp_path / "idle_launch.csv")         # per step kind: gap 0 and every grid gap
+    assert sorted(set(idle["gap_s"])) == [0.0, *grid.idle_gaps_s] and (idle["next_launch_s"] > 0).all()
     host = pd.read_csv(tmp_path / "host.csv")
     assert set(host["kind"]) == {"decode", "prefill"}
     assert (host["host_s"] >= host["schedule_s"] + host["commit_s"]).all()
