@@ -15,11 +15,14 @@ from runtime.build import CoreComponents, build_scheduler
 from runtime.core.request import Request, SamplingParams
 
 
-def _prompt(seed: int, length: int, vocab_size: int) -> list[int]:
+def synthetic_prompt(seed: int, length: int, vocab_size: int) -> list[int]:
+    """`length` token ids in [0, vocab_size), distinct per seed (no cache hit between seeds)."""
     return [(seed * 7919 + i * 104729 + 13) % vocab_size for i in range(length)]
 
 
-def _timed_step(scheduler, runner, now: float) -> tuple[object, dict] | None:
+def timed_step(scheduler, runner, now: float) -> tuple[object, dict] | None:
+    """(plan, host times) of one step: schedule, launch, commit, and the interval from the launch's begin to the
+    result; None when the scheduler plans nothing."""
     t0 = time.perf_counter()
     plan = scheduler.schedule(now)
     if plan is None:
@@ -31,7 +34,7 @@ def _timed_step(scheduler, runner, now: float) -> tuple[object, dict] | None:
     t3 = time.perf_counter()
     scheduler.commit(plan, result, now)
     t4 = time.perf_counter()
-    return plan, {"schedule_s": t1 - t0, "launch_s": t2 - t1, "commit_s": t4 - t3}
+    return plan, {"schedule_s": t1 - t0, "launch_s": t2 - t1, "commit_s": t4 - t3, "interval_s": t3 - t1}
 
 
 def _timed_steps(scheduler, runner, now: float) -> Iterator[tuple[float, object, dict]]:
@@ -39,7 +42,7 @@ def _timed_steps(scheduler, runner, now: float) -> Iterator[tuple[float, object,
     clock advances 1 ms a step from `now`."""
     while scheduler.has_work():
         now += 1e-3
-        step = _timed_step(scheduler, runner, now)
+        step = timed_step(scheduler, runner, now)
         if step is None:
             return
         yield (now, *step)
@@ -59,7 +62,7 @@ def host_decode_row(cfg: DictConfig, core: CoreComponents, runner, batch: int, s
     scheduler = build_scheduler(cfg, core.model, core.kv_capacity_tokens)
     vocab = core.model.vocab_size
     for b in range(batch):
-        scheduler.add(Request(f"hd{batch}-{b}", _prompt(b, 32, vocab),
+        scheduler.add(Request(f"hd{batch}-{b}", synthetic_prompt(b, 32, vocab),
                               SamplingParams(max_new_tokens=steps + 4, ignore_eos=True), 0.0), 0.0)
     samples = []
     for _, plan, sample in _timed_steps(scheduler, runner, 0.0):
@@ -75,7 +78,8 @@ def host_prefill_row(cfg: DictConfig, core: CoreComponents, runner, num_reqs: in
     vocab, now, samples = core.model.vocab_size, 0.0, []
     for rep in range(steps + 1):                 # the first round is untimed
         for b in range(num_reqs):
-            scheduler.add(Request(f"hp{num_reqs}x{tokens_each}-{rep}-{b}", _prompt(rep * 1009 + b, tokens_each, vocab),
+            ids = synthetic_prompt(rep * 1009 + b, tokens_each, vocab)
+            scheduler.add(Request(f"hp{num_reqs}x{tokens_each}-{rep}-{b}", ids,
                                   SamplingParams(max_new_tokens=1, ignore_eos=True), now), now)
         for now, plan, sample in _timed_steps(scheduler, runner, now):
             if rep and plan.num_prefill_tokens == num_reqs * tokens_each:

@@ -14,21 +14,17 @@ from omegaconf import DictConfig
 
 from runtime.build import CoreComponents, build_scheduler
 from runtime.core.request import Request, SamplingParams
-from runtime.profile.host import _prompt
+from runtime.profile.host import synthetic_prompt, timed_step
 
 IDLE_KINDS = ("prefill", "decode")
 FOLLOWING_STEPS = 2     # steps timed back to back after the one behind the gap: does the slow host persist?
 
 
 def _timed(scheduler, runner, now: float) -> dict:
-    plan = scheduler.schedule(now)
-    t0 = time.perf_counter()
-    launched = runner.launch(plan)
-    t1 = time.perf_counter()
-    result = launched.wait()
-    t2 = time.perf_counter()
-    scheduler.commit(plan, result, now)
-    return {"launch_s": t1 - t0, "interval_s": t2 - t0}
+    step = timed_step(scheduler, runner, now)
+    if step is None:
+        raise RuntimeError("idle_launch: the scheduler planned no step")
+    return step[1]
 
 
 def idle_launch_rows(cfg: DictConfig, core: CoreComponents, runner, kind: str, size: int,
@@ -46,35 +42,34 @@ def idle_launch_rows(cfg: DictConfig, core: CoreComponents, runner, kind: str, s
     if kind == "decode":
         steps = (rounds + 1) * len(order) * (2 + FOLLOWING_STEPS) + 8
         for b in range(size):
-            scheduler.add(Request(f"idle-d{size}-{b}", _prompt(b, 32, vocab),
+            scheduler.add(Request(f"idle-d{size}-{b}", synthetic_prompt(b, 32, vocab),
                                   SamplingParams(max_new_tokens=steps, ignore_eos=True), 0.0), 0.0)
         while scheduler.waiting or scheduler.chunked is not None:      # the prompts, untimed
             now += 1e-3
             _timed(scheduler, runner, now)
+
+    def prompt(name: str, seed: int, now: float) -> None:     # a prefill step's one fresh prompt (decode: none)
+        if kind == "prefill":
+            scheduler.add(Request(f"idle-{name}-{size}", synthetic_prompt(seed, size, vocab),
+                                  SamplingParams(max_new_tokens=1, ignore_eos=True), now), now)
+
     samples: dict[float, list[dict]] = {gap: [] for gap in order}
     shuffler = random.Random(seed)
     for rnd in range(rounds + 1):                       # the first round is untimed
         gaps = list(order)
         shuffler.shuffle(gaps)
         for k, gap in enumerate(gaps):
-            if kind == "prefill":
-                scheduler.add(Request(f"idle-p{size}-{rnd}-{k}", _prompt(rnd * 131 + k, size, vocab),
-                                      SamplingParams(max_new_tokens=1, ignore_eos=True), now), now)
+            prompt(f"p{rnd}-{k}", rnd * 131 + k, now)
             now += 1e-3
             _timed(scheduler, runner, now)               # the step right before: the gap counts from its end
-            if kind == "prefill":
-                scheduler.add(Request(f"idle-q{size}-{rnd}-{k}", _prompt(rnd * 131 + k + 7919, size, vocab),
-                                      SamplingParams(max_new_tokens=1, ignore_eos=True), now), now)
+            prompt(f"q{rnd}-{k}", rnd * 131 + k + 7919, now)
             if gap > 0 and rnd:
                 time.sleep(gap)
             now += 1e-3 + gap
             sample = _timed(scheduler, runner, now)
             following = []
             for j in range(FOLLOWING_STEPS):
-                if kind == "prefill":
-                    prompt = _prompt(rnd * 131 + k + 104729 * (j + 1), size, vocab)
-                    scheduler.add(Request(f"idle-f{size}-{rnd}-{k}-{j}", prompt,
-                                          SamplingParams(max_new_tokens=1, ignore_eos=True), now), now)
+                prompt(f"f{rnd}-{k}-{j}", rnd * 131 + k + 104729 * (j + 1), now)
                 now += 1e-3
                 following.append(_timed(scheduler, runner, now)["launch_s"])
             if rnd:

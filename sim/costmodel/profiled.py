@@ -147,9 +147,10 @@ class ProfiledCostModel:
         key = (len(shape.extend_new_tokens), sum(shape.extend_new_tokens), shape.num_decode_reqs)
         cached = self._launch_cache.get(key)
         if cached is None:
-            cached = self.launch.launch_s(*key)
             if self.launch_back_to_back is not None and self._lockstep_piecewise(shape):
                 cached = float(self.launch_back_to_back(key[1] + key[2]))
+            else:
+                cached = self.launch.launch_s(*key)
             self._launch_cache[key] = cached
         return cached
 
