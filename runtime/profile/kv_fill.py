@@ -11,9 +11,8 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from runtime.core.batch import ScheduledItem
 from runtime.core.request import Request
-from runtime.profile.plans import SyntheticBatch, finish, step_plan, synthetic_request
+from runtime.profile.plans import SyntheticBatch, extend_item, finish, step_plan, synthetic_request
 
 KV_FILLS = ("model", "zeros")
 
@@ -60,9 +59,7 @@ def fill_kv_pool(runner, num_slots: int, max_step_tokens: int, max_context_token
         req = synthetic_request(f"fill-sequence-{k}", seed, length, k * length, vocab_size)
         for prefix in range(0, length, chunk_tokens):
             new = min(chunk_tokens, length - prefix)
-            item = ScheduledItem(req, prefix, new, list(req.kv_slots[prefix:prefix + new]), is_decode=False,
-                                 samples=True)
-            runner.launch(step_plan([item])).wait()
+            runner.launch(step_plan([extend_item(req, prefix, new)])).wait()
             bar.update()
         finish([req])
         pool.seeds.append(seed)
