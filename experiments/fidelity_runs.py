@@ -12,6 +12,7 @@ model instead (no GPU).
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 
@@ -62,6 +63,17 @@ VALIDATION_WORKLOADS = {
 ALL_WORKLOADS = {**WORKLOADS, **SHARED_PREFIX_WORKLOADS, **VALIDATION_WORKLOADS}
 COST_MODELS = ("profiled", "roofline", "roofline_fitted")
 QUIET = ["progress=false", "print_summary=false"]
+LAUNCH_PARTS_ENV = "TWINSERVE_LAUNCH_PARTS"     # "1": launch_times.parquet also times each launch's parts
+
+
+def launch_parts(runner):
+    """The PartTimers on `runner` (runtime.profile.launch_parts), installed at its first workload."""
+    from runtime.profile.launch_parts import PartTimers, install
+
+    if getattr(runner, "launch_parts", None) is None:
+        runner.launch_parts = PartTimers()
+        install(runner, runner.launch_parts, leader=True)
+    return runner.launch_parts
 
 
 def run_real_workload(runner, overrides: list[str], out: Path) -> dict:
@@ -75,7 +87,8 @@ def run_real_workload(runner, overrides: list[str], out: Path) -> dict:
     predict = step_predictor(build_cost_model(cfg, core), overlap=bool(cfg.overlap), shapes=shapes)
 
     pauses = GCPauses(float(cfg.real.gc_warning_threshold_s))
-    timer = LaunchTimer(runner)              # each step's launch on the host clock (launch_times.parquet)
+    # each step's launch on the host clock (launch_times.parquet); with TWINSERVE_LAUNCH_PARTS=1 its parts too
+    timer = LaunchTimer(runner, parts=launch_parts(runner) if os.environ.get(LAUNCH_PARTS_ENV) == "1" else None)
     driver = RealDriver(core.scheduler, timer, as_fast_as_possible=bool(cfg.real.as_fast_as_possible),
                         progress=False, overlap=bool(cfg.overlap), predict=predict)
     specs = instantiate(cfg.workload).requests()

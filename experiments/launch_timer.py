@@ -19,11 +19,13 @@ class LaunchTimer:
     `clock_origin()` was called (the driver calls it right before it takes its own origin), so they sit on the
     timeline of the step records' start_s / end_s."""
 
-    def __init__(self, executor: Any, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, executor: Any, clock: Callable[[], float] = time.perf_counter, parts=None) -> None:
         self._executor, self._clock = executor, clock
         self._takes_poll = accepts_poll(executor)
         self._origin = clock()
         self.rows: list[tuple[int, float, float, float]] = []
+        self.parts = parts                  # runtime.profile.launch_parts.PartTimers installed on the runner, or None
+        self.part_rows: list[dict] = []
 
     def clock_origin(self):
         # after the executor's origin, as the driver takes its own: a runner's clock_origin synchronises the
@@ -41,6 +43,8 @@ class LaunchTimer:
             poll()
             polled[0] += self._clock() - begin
 
+        if self.parts is not None:
+            self.parts.reset()
         begin = self._clock()
         if poll is not None and self._takes_poll:
             step = self._executor.launch(plan, poll=timed_poll)
@@ -48,11 +52,17 @@ class LaunchTimer:
             step = self._executor.launch(plan)
         end = self._clock()
         self.rows.append((plan.step_id, begin - self._origin, end - self._origin, polled[0]))
+        if self.parts is not None:
+            self.part_rows.append(self.parts.ms())
         return step
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._executor, name)
 
     def frame(self) -> pd.DataFrame:
-        """One row per launched step: step_id, launch_start_s, launch_end_s, poll_s (inside the launch)."""
-        return pd.DataFrame(self.rows, columns=["step_id", "launch_start_s", "launch_end_s", "poll_s"])
+        """One row per launched step: step_id, launch_start_s, launch_end_s, poll_s (inside the launch), and with
+        `parts` the host ms of each launch part (send_ms, core_ms, ...; polls inside a part count in it too)."""
+        frame = pd.DataFrame(self.rows, columns=["step_id", "launch_start_s", "launch_end_s", "poll_s"])
+        if self.part_rows:
+            frame = pd.concat([frame, pd.DataFrame(self.part_rows)], axis=1)
+        return frame

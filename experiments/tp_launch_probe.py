@@ -27,41 +27,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from runtime.profile.launch_parts import PartTimers, install  # noqa: E402
+
 OUT_ENV = "TWINSERVE_TP_PROBE_OUT"     # where each rank writes its rows (spawned ranks inherit it)
 SLEEP_S = 0.15                          # the sleep kernel a launch is hidden behind
-CATEGORIES = ("send", "recv", "prepare", "to_device", "plan", "graph", "core", "logits", "sample", "ring")
-
-
-class PartTimers:
-    """Host seconds spent in each wrapped call since the last `reset` (nested calls count in both)."""
-
-    def __init__(self) -> None:
-        self.acc: dict[str, float] = collections.defaultdict(float)
-        self.calls: dict[str, int] = collections.defaultdict(int)
-
-    def reset(self) -> None:
-        self.acc.clear()
-        self.calls.clear()
-
-    def wrap(self, fn, category: str):
-        def timed(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.acc[category] += time.perf_counter() - start
-                self.calls[category] += 1
-        return timed
-
-    def patch(self, owner, name: str, category: str) -> None:
-        setattr(owner, name, self.wrap(getattr(owner, name), category))
-
-    def ms(self) -> dict[str, float]:
-        out = {f"{c}_ms": round(1e3 * self.acc.get(c, 0.0), 4) for c in CATEGORIES}
-        out.update({f"{c}_calls": self.calls.get(c, 0) for c in ("graph", "core")})
-        return out
-
-
+AHEAD_BATCH = 8                         # the decode batch launched right before an extend (regime after_decode)
 class SyncSites:
     """Counts the synchronising calls torch reports (set_sync_debug_mode('warn')) by Python call site."""
 
@@ -94,47 +64,26 @@ class SyncSites:
         warnings.showwarning = self._saved
 
 
-def install(runner, timers: PartTimers, leader: bool) -> None:
-    """Wrap the runner's launch parts (instance attributes) and the classes every replay goes through."""
-    import torch
-
-    from runtime.distributed.step_channel import StepChannel
-    from runtime.engine import piecewise_graph_runner as pw
-
-    timers.patch(runner, "prepare", "prepare")
-    timers.patch(runner.batches, "to_device", "to_device")
-    timers.patch(runner.sampler, "sample", "sample")
-    timers.patch(runner.future, "store", "ring")
-    if runner.piecewise is not None:
-        timers.patch(runner.piecewise, "_prepare", "plan")
-        timers.patch(runner.piecewise, "_logits", "logits")
-    timers.patch(pw._Core, "run", "core")
-    if runner.device.type == "cuda":
-        timers.patch(torch.cuda.CUDAGraph, "replay", "graph")
-    if leader and runner.step_sender is not None:
-        runner.step_sender = timers.wrap(runner.step_sender, "send")
-    if not leader:
-        timers.patch(StepChannel, "recv", "recv")
-
-
-def probe_plans(core, tokens: list[int], decode_batches: list[int], context: int):
-    """(name, plan, requests to finish after it): one fresh prompt per prefill size, decode batches at `context`."""
+def probe_plans(core, tokens: list[int], decode_batches: list[int], context: int, first_slot: int):
+    """(name, plan, requests to finish after it): one fresh prompt per prefill size, decode batches at `context`,
+    their KV from `first_slot` on."""
     from runtime.profile.plans import SyntheticBatch, step_plan
     vocab = core.model.vocab_size
     for n in tokens:
-        batch = SyntheticBatch(f"probe-p{n}", 1, n, 0, vocab)
+        batch = SyntheticBatch(f"probe-p{n}", 1, n, first_slot, vocab)
         yield f"prefill_{n}", step_plan(batch.extend_items(n, 0)), batch.requests
     for b in decode_batches:
-        batch = SyntheticBatch(f"probe-d{b}", b, context, 0, vocab)
+        batch = SyntheticBatch(f"probe-d{b}", b, context, first_slot, vocab)
         yield f"decode_b{b}", step_plan(batch.decode_items(context)), batch.requests
 
 
 def lead_probe(task, cfg, core, runner) -> dict:
-    """The TP leader: each plan warmed, then timed back to back, behind a sleep on every rank, and alone."""
+    """The TP leader: each plan warmed, then timed back to back, behind a sleep on every rank, alone, and (prefills)
+    launched right behind a decode step's launch, as the overlap loop launches an extend after a decode."""
     import torch
 
     from kernels.event_timing import sleep_cycles
-    from runtime.profile.plans import finish
+    from runtime.profile.plans import SyntheticBatch, finish, step_plan
     from runtime.profile.timing import SleepBeforeStep
 
     job = cfg.tp_probe
@@ -157,7 +106,13 @@ def lead_probe(task, cfg, core, runner) -> dict:
 
     cuda = runner.device.type == "cuda"
     syncs = SyncSites(on=cuda)
-    for name, plan, requests in probe_plans(core, list(job.tokens), list(job.decode_batches), int(job.context)):
+    context = int(job.context)
+    ahead = SyntheticBatch("probe-ahead", AHEAD_BATCH, context, 0, core.model.vocab_size)
+    ahead_plan = step_plan(ahead.decode_items(context))
+    for _ in range(3):
+        launch("decode_ahead", "warm", ahead_plan)[1].wait()
+    for name, plan, requests in probe_plans(core, list(job.tokens), list(job.decode_batches), context,
+                                            AHEAD_BATCH * context):
         for _ in range(3):                                     # warm: JIT, allocator
             launch(name, "warm", plan)[1].wait()
         launched = []
@@ -185,7 +140,17 @@ def lead_probe(task, cfg, core, runner) -> dict:
                 row, step = launch(name, regime, plan)
                 row["device_ms"] = 1e3 * step.wait().duration_s
                 rows.append(row)
+        if name.startswith("prefill"):
+            for _ in range(3):                                 # right behind a decode's launch
+                if cuda:
+                    torch.cuda.synchronize(runner.device)
+                decode_row, decode = launch("decode_ahead", "ahead", ahead_plan)
+                row, step = launch(name, "after_decode", plan)
+                decode_row["device_ms"] = 1e3 * decode.wait().duration_s
+                row["device_ms"] = 1e3 * step.wait().duration_s
+                rows.extend([decode_row, row])
         finish(requests)
+    finish(ahead.requests)
     return {"rows": rows, "syncs": dict(syncs.sites)}
 
 
@@ -223,7 +188,7 @@ def summarize(leader: list[dict], follower: list[dict]) -> list[str]:
     by_seq = {r["seq"]: r for r in follower}
     groups: dict[tuple, list] = collections.defaultdict(list)
     for r in leader:
-        if r["regime"] != "warm":
+        if r["regime"] not in ("warm", "ahead"):
             groups[r["step"], r["regime"]].append(r)
     lines = []
     keys = ["launch_ms", "device_ms", "send_ms", "to_device_ms", "plan_ms", "graph_ms", "core_ms", "sample_ms"]

@@ -38,3 +38,15 @@ def test_a_tp2_layout_is_run_and_scored_as_that_layout(tmp_path):
     assert steps["roofline_s"].tolist() == pytest.approx(real_steps["predicted_s"].tolist(), rel=1e-12)
     one_gpu = build(tmp_path / "real", tmp_path / "sim", ["shared_prefix_lpm"], BASE)[1]   # priced as tp=1
     assert one_gpu["roofline_s"].tolist() != pytest.approx(real_steps["predicted_s"].tolist(), rel=1e-6)
+
+
+def test_launch_parts_are_timed_on_the_leader_when_asked(tmp_path, monkeypatch):
+    """TWINSERVE_LAUNCH_PARTS=1: each launch's parts sit beside its launch time, the hand-off to the peer among
+    them, and together they fit inside the launch."""
+    monkeypatch.setenv("TWINSERVE_LAUNCH_PARTS", "1")
+    run_real(tmp_path / "real", ["shared_prefix_lpm"], BASE + ["tp=2"])
+    launches = pd.read_parquet(tmp_path / "real" / "shared_prefix_lpm" / "launch_times.parquet")
+    launch_ms = 1e3 * (launches["launch_end_s"] - launches["launch_start_s"])
+    assert (launches["send_ms"] > 0).all() and (launches["prepare_ms"] > 0).all()
+    assert (launches["send_ms"] + launches["prepare_ms"] + launches["to_device_ms"] <= launch_ms + 1e-6).all()
+    assert (launches["recv_ms"] == 0).all()        # the leader never waits in recv
