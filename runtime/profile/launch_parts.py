@@ -8,19 +8,24 @@ from __future__ import annotations
 import collections
 import time
 
-PARTS = ("send", "recv", "prepare", "to_device", "plan", "graph", "core", "logits", "sample", "ring")
+PARTS = ("send", "recv", "prepare", "to_device", "plan", "graph", "core", "logits", "sample", "ring",
+         "core_store", "core_expand", "core_attend")    # inside an MHA-form attention core: KV store, kv_b_proj, attention
 
 
 class PartTimers:
     """Host seconds spent in each wrapped call since the last `reset` (a call inside another counts in both)."""
 
-    def __init__(self) -> None:
+    def __init__(self, alloc_retries=None) -> None:
         self.acc: dict[str, float] = collections.defaultdict(float)
         self.calls: dict[str, int] = collections.defaultdict(int)
+        self.alloc_retries = alloc_retries           # () -> the caching allocator's retries so far (CUDA), or None
+        self._retries_at_reset = alloc_retries() if alloc_retries else 0
 
     def reset(self) -> None:
         self.acc.clear()
         self.calls.clear()
+        if self.alloc_retries:
+            self._retries_at_reset = self.alloc_retries()
 
     def wrap(self, fn, part: str):
         def timed(*args, **kwargs):
@@ -39,6 +44,8 @@ class PartTimers:
         """{part}_ms for every part, and how many graph replays and attention cores ran."""
         out = {f"{p}_ms": round(1e3 * self.acc.get(p, 0.0), 4) for p in PARTS}
         out.update({f"{p}_calls": self.calls.get(p, 0) for p in ("graph", "core")})
+        if self.alloc_retries:   # cudaMalloc retries after freeing cached blocks: each synchronises the device
+            out["alloc_retries"] = self.alloc_retries() - self._retries_at_reset
         return out
 
 
@@ -61,6 +68,15 @@ def install(runner, timers: PartTimers, leader: bool) -> None:
     timers.patch(pw._Core, "run", "core")
     if runner.device.type == "cuda":
         timers.patch(torch.cuda.CUDAGraph, "replay", "graph")
+        timers.alloc_retries = lambda: torch.cuda.memory_stats(runner.device).get("num_alloc_retries", 0)
+        timers.reset()
+    backend = runner.piecewise.backend if runner.piecewise is not None else None
+    if backend is not None and hasattr(backend, "mla_mha"):
+        timers.patch(backend, "mla_store", "core_store")
+        timers.patch(backend, "mla_mha", "core_attend")
+    for module in runner.model.modules():
+        if hasattr(module, "kv_b_proj"):
+            timers.patch(module.kv_b_proj, "forward", "core_expand")
     if leader and runner.step_sender is not None:
         runner.step_sender = timers.wrap(runner.step_sender, "send")
     if not leader:
