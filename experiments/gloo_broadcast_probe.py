@@ -4,23 +4,41 @@ Run it with and without GLOO_SOCKET_IFNAME=lo to see whether the interface gloo 
 
   python experiments/gloo_broadcast_probe.py
 """
-import os, time, torch, torch.distributed as dist, torch.multiprocessing as mp, statistics
-def run(rank, n):
-    os.environ["MASTER_ADDR"]="127.0.0.1"; os.environ["MASTER_PORT"]="29533"
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+SIZES_BYTES = (16384, 246140, 1 << 20)     # the step channel's frame, an 8,192-token step's message, 1 MB
+REPEATS = 20
+
+
+def _median_ms(op, rank: int) -> float:
+    times = []
+    for _ in range(REPEATS):
+        dist.barrier()
+        start = time.perf_counter()
+        op(rank)
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def run(rank: int) -> None:
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", "29533"
     dist.init_process_group("gloo", rank=rank, world_size=2)
-    for size in (16384, 246140, 1<<20):
-        x=torch.zeros(size,dtype=torch.uint8); ts=[]
-        for i in range(20):
-            dist.barrier(); t=time.perf_counter(); dist.broadcast(x,src=0); ts.append(time.perf_counter()-t)
-        if rank==0: print("bcast", size, "median %.3f ms"%(1e3*statistics.median(ts)))
-        # send/recv
-        ts=[]
-        for i in range(20):
-            dist.barrier(); t=time.perf_counter()
-            if rank==0: dist.send(x,1)
-            else: dist.recv(x,0)
-            ts.append(time.perf_counter()-t)
-        if rank==0: print("send", size, "median %.3f ms"%(1e3*statistics.median(ts)))
+    for size in SIZES_BYTES:
+        x = torch.zeros(size, dtype=torch.uint8)
+        broadcast = _median_ms(lambda r: dist.broadcast(x, src=0), rank)
+        send_recv = _median_ms(lambda r: dist.send(x, 1) if r == 0 else dist.recv(x, 0), rank)
+        if rank == 0:
+            print(f"bcast {size} median {broadcast:.3f} ms\nsend {size} median {send_recv:.3f} ms")
     dist.destroy_process_group()
-if __name__=="__main__":
-    mp.spawn(run, args=(2,), nprocs=2)
+
+
+if __name__ == "__main__":
+    mp.spawn(run, nprocs=2)

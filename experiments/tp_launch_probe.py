@@ -1,8 +1,8 @@
 """Where a tensor-parallel step's launch spends its host time, on every rank. Spawns the layout's ranks as
 `mode=profile` does (runtime.distributed.app.run_job); the leader launches synthetic steps (prefills of
---tokens, graph-replayed decodes of --decode-batch) in three regimes -- back to back (launch n+1, then wait
-for n, as `mode=profile` and the overlap loop do), behind a sleep kernel on every rank, and on an idle
-device -- and both ranks time each part of every launch: the plan's hand-off (leader: send, others: the
+--tokens, graph-replayed decodes of --decode-batch) in four regimes -- back to back (launch n+1, then wait
+for n, as `mode=profile` and the overlap loop do), behind a sleep kernel on every rank, on an idle device,
+and (prefills) right behind a decode's launch -- and both ranks time each part of every launch: the plan's hand-off (leader: send, others: the
 wait in recv), prepare, to_device, the attention plan, graph replays, attention cores, logits, sampling,
 the future ring; plus the synchronising calls torch reports on each rank. Rows go to --out as JSON (one
 list per rank), a per-regime table of medians is printed.
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import statistics
@@ -32,6 +33,8 @@ from runtime.profile.launch_parts import PartTimers, install  # noqa: E402
 OUT_ENV = "TWINSERVE_TP_PROBE_OUT"     # where each rank writes its rows (spawned ranks inherit it)
 SLEEP_S = 0.15                          # the sleep kernel a launch is hidden behind
 AHEAD_BATCH = 8                         # the decode batch launched right before an extend (regime after_decode)
+
+
 class SyncSites:
     """Counts the synchronising calls torch reports (set_sync_debug_mode('warn')) by Python call site (the one
     site both ranks reported on the H200s, worker.py's call into the job, was the mode's prototype notice: no
@@ -121,10 +124,7 @@ def lead_probe(task, cfg, core, runner) -> dict:
             launch(name, "warm", plan)[1].wait()
         launched = []
         for i in range(int(job.steps) + 1):                    # back to back
-            if i == 1:
-                with syncs:
-                    row, step = launch(name, "back_to_back", plan)
-            else:
+            with syncs if i == 1 else contextlib.nullcontext():
                 row, step = launch(name, "back_to_back", plan)
             if launched:
                 wait_start = time.perf_counter()

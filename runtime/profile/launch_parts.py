@@ -15,11 +15,11 @@ PARTS = ("send", "recv", "prepare", "to_device", "plan", "graph", "core", "logit
 class PartTimers:
     """Host seconds spent in each wrapped call since the last `reset` (a call inside another counts in both)."""
 
-    def __init__(self, alloc_retries=None) -> None:
+    def __init__(self) -> None:
         self.acc: dict[str, float] = collections.defaultdict(float)
         self.calls: dict[str, int] = collections.defaultdict(int)
-        self.alloc_retries = alloc_retries           # () -> the caching allocator's retries so far (CUDA), or None
-        self._retries_at_reset = alloc_retries() if alloc_retries else 0
+        self.alloc_retries = None        # () -> the caching allocator's retries so far (set by `install` on CUDA)
+        self._retries_at_reset = 0
 
     def reset(self) -> None:
         self.acc.clear()
