@@ -80,7 +80,8 @@ def decode_items(requests: list[Request], context_tokens: int) -> list[Scheduled
 def extend_item(req: Request, prefix_tokens: int, new_tokens: int) -> ScheduledItem:
     """A prefill chunk of `req` whose new tokens write its slots [prefix_tokens, + new_tokens), handed over as
     the scheduler's KVManager.allocate hands them (an int32 array): a tensor-parallel leader broadcasts them to
-    its peers every step, and a list of numpy scalars pickles some 40x slower (3 us a token)."""
+    its peers every step, and a list of numpy scalars made that hand-off cost 3 us a token on the H200s
+    (experiments/results/h200x2/tp_launch_probe)."""
     end = prefix_tokens + new_tokens
     return ScheduledItem(req, prefix_tokens, new_tokens, req.kv_slots[prefix_tokens:end].copy(), is_decode=False,
                          samples=True)

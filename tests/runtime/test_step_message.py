@@ -1,6 +1,6 @@
 """The step a tensor-parallel leader broadcasts to its peers every step (ModelRunner.prepare's StepInputs) holds
-its slots and token ids as served steps hold them -- int32 arrays or Python ints, never numpy scalars (each
-pickles ~40x slower; at 8,192 tokens that put 24 ms on the leader's hand-off and the followers' start on the
+its slots and token ids as served steps hold them -- int32 arrays or Python ints, never numpy scalars (they
+pickle slowly: at 8,192 tokens they put 24 ms on the leader's hand-off and the followers' start on the
 H200s, experiments/results/h200x2/tp_launch_probe). Checked for the scheduler's plans and for the profile's
 synthetic ones, which must cost the hand-off what serving costs it."""
 from __future__ import annotations
