@@ -195,13 +195,14 @@ def summarize(leader: list[dict], follower: list[dict]) -> list[str]:
         if r["regime"] not in ("warm", "ahead"):
             groups[r["step"], r["regime"]].append(r)
     lines = []
-    keys = ["launch_ms", "device_ms", "send_ms", "to_device_ms", "plan_ms", "graph_ms", "core_ms", "sample_ms"]
+    keys = ["launch_ms", "device_ms", "send_ms", "to_device_ms", "plan_ms", "graph_ms", "core_ms",
+            "core_store_ms", "core_expand_ms", "core_attend_ms", "sample_ms", "alloc_retries"]
     for (step, regime), rs in groups.items():
         med = {k: statistics.median(r.get(k, 0.0) for r in rs) for k in keys}
         fol = [by_seq[r["seq"]] for r in rs if r["seq"] in by_seq]
         lag = [1e3 * (f["t_start"] - r["t_start"]) for r, f in zip(rs, fol)]
         fmed = {k: statistics.median(f.get(k, 0.0) for f in fol) for k in ("run_ms", "recv_ms", "graph_ms", "core_ms")} if fol else {}
-        lines.append(f"{step:13s} {regime:13s} leader " + " ".join(f"{k[:-3]} {v:.2f}" for k, v in med.items())
+        lines.append(f"{step:13s} {regime:13s} leader " + " ".join(f"{k.removesuffix('_ms')} {v:.2f}" for k, v in med.items())
                      + (f" | follower run {fmed['run_ms']:.2f} recv {fmed['recv_ms']:.2f} graph {fmed['graph_ms']:.2f}"
                         f" core {fmed['core_ms']:.2f} starts {statistics.median(lag):+.2f} ms after the leader" if fol else ""))
     return lines

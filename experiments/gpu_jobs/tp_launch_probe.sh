@@ -3,7 +3,7 @@
 # (experiments/tp_launch_probe.py), with piecewise graphs (the default) and then without (eager extends):
 #   bash experiments/gpu_jobs/tp_launch_probe.sh OUT [extra overrides for both runs...]
 # OUT/<variant>.json (rows of both ranks), OUT/<variant>.log (the printed table); VARIANTS picks the runs
-# (piecewise, eager, nomixing: piecewise with NCCL_GRAPH_MIXING_SUPPORT=0).
+# (piecewise, eager, mixing: piecewise with NCCL's graph mixing support on, real.nccl_graph_mixing=true).
 set -uo pipefail
 T0=$(date +%s)
 source experiments/gpu_jobs/prelude.sh
@@ -19,7 +19,7 @@ for v in ${VARIANTS:-piecewise eager}; do
   case $v in
     piecewise) probe piecewise ${FIRST_S:-240} "$@" ;;
     eager) probe eager ${SECOND_S:-200} real.piecewise_cuda_graph=false "$@" ;;
-    # NCCL's support for graphs mixed with other NCCL work adds waits around captured collectives: without it
-    nomixing) NCCL_GRAPH_MIXING_SUPPORT=0 probe nomixing ${SECOND_S:-200} "$@" ;;
+    # NCCL's support for graphs mixed with other NCCL work (its default; off in the runtime) fences captured collectives
+    mixing) probe mixing ${SECOND_S:-200} real.nccl_graph_mixing=true "$@" ;;
   esac
 done

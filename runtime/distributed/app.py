@@ -112,7 +112,8 @@ def make_tasks(cfg: DictConfig, core: CoreComponents, plan: NodePlan, context, o
         local = rank - plan.first_rank
         device = f"cuda:{local}" if plan.device_type == "cuda" else "cpu"
         info = RankInfo(rank, plan.world_size, local, core.layout.tp, core.layout.ep, core.layout.dp,
-                        plan.init_method, plan.backend, device, timeout_s, dp_attention_active(core.layout))
+                        plan.init_method, plan.backend, device, timeout_s, dp_attention_active(core.layout),
+                        bool(cfg.real.get("nccl_graph_mixing", False)))
         inbox = context.Queue() if core.layout.dp > 1 and info.is_leader else None
         tasks.append(RankTask(info, data, out_queue, inbox, cpu_threads, collect_output_ids,
                               specs if core.layout.dp == 1 and info.is_leader else None))

@@ -9,6 +9,7 @@ group of all tp GPUs, and the attention ranks' leaders share a gloo group for th
 from __future__ import annotations
 
 import datetime
+import os
 import threading
 from dataclasses import dataclass
 
@@ -16,6 +17,8 @@ import torch
 import torch.distributed as dist
 
 from runtime.core.layout import ParallelLayout
+
+GRAPH_MIXING_ENV = "NCCL_GRAPH_MIXING_SUPPORT"
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,7 @@ class RankInfo:
     device: str                   # cuda:<local_rank> | cpu
     timeout_s: float              # collectives that wait longer fail (a peer hung or died)
     dp_attention: bool = False    # the dp ranks are attention ranks inside the tp GPUs (world = tp)
+    nccl_graph_mixing: bool = False   # NCCL_GRAPH_MIXING_SUPPORT of this rank (real.nccl_graph_mixing)
 
     @property
     def layout(self) -> ParallelLayout:
@@ -125,6 +129,8 @@ def init_rank_groups(info: RankInfo) -> RankGroups:
     of them, in the same order, as torch.distributed requires); returns this rank's."""
     if info.device.startswith("cuda"):
         torch.cuda.set_device(torch.device(info.device))
+    # read by NCCL as it creates this rank's communicators (at their first collective)
+    os.environ[GRAPH_MIXING_ENV] = "1" if info.nccl_graph_mixing else "0"
     timeout = datetime.timedelta(seconds=info.timeout_s)
     dist.init_process_group(info.backend, init_method=info.init_method, rank=info.rank,
                             world_size=info.world_size, timeout=timeout)

@@ -43,10 +43,12 @@ def _target(fn: Callable, info: RankInfo, args: tuple, out, cpu_threads: int) ->
 
 
 def run_on_ranks(fn: Callable, world: int, *args: Any, tp: int | None = None, ep: int = 1, device: str = "cpu",
-                 timeout_s: float = 600.0, cpu_threads: int = 1, dp_attention: int = 0) -> list[Any]:
+                 timeout_s: float = 600.0, cpu_threads: int = 1, dp_attention: int = 0,
+                 graph_mixing: bool = False) -> list[Any]:
     """fn(info, groups, *args) on `world` ranks (tp = world unless given; device "cpu" with gloo, or
     "cuda" with NCCL, rank r on cuda:r); their results by rank. A rank's exception is raised here.
-    dp_attention=D: the world is one tp group of D attention ranks (SGLang's --enable-dp-attention)."""
+    dp_attention=D: the world is one tp group of D attention ranks (SGLang's --enable-dp-attention).
+    graph_mixing: NCCL's graph mixing support (real.nccl_graph_mixing)."""
     tp = tp or world
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
@@ -55,7 +57,7 @@ def run_on_ranks(fn: Callable, world: int, *args: Any, tp: int | None = None, ep
     procs = []
     for rank in range(world):
         info = RankInfo(rank, world, rank, tp, ep, dp_attention or world // tp, init, backend,
-                        f"cuda:{rank}" if device == "cuda" else "cpu", timeout_s, dp_attention > 0)
+                        f"cuda:{rank}" if device == "cuda" else "cpu", timeout_s, dp_attention > 0, graph_mixing)
         procs.append(ctx.Process(target=_target, args=(fn, info, args, out, cpu_threads), daemon=True))
         procs[-1].start()
     results: dict[int, Any] = {}

@@ -109,6 +109,7 @@ def profile_runner(cfg: DictConfig, core, runner, directory: Path, sections: tup
         "grid": cfg.profile.grid, "sections": list(sections), "hardware": core.hardware.name,
         "model": core.model.name, "device_name": _device_name(runner.device), "dtype": str(cfg.real.dtype),
         "layout": {"tp": layout.tp, "ep": layout.ep, "pp": layout.pp}, "num_gpus": layout.tp,
+        "nccl_graph_mixing": bool(cfg.real.nccl_graph_mixing) if layout.tp > 1 else None,
         "kv_capacity_tokens": core.kv_capacity_tokens, "cuda_graph_max_bs": graph_max_bs,
         "piecewise_max_tokens": runner.piecewise.buckets[-1] if runner.piecewise is not None else 0,
         "fast_path": bool(cfg.real.fast_path), "points_measured": len(points), "kv_fill": kv_fill,
