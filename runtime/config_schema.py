@@ -65,8 +65,8 @@ class RealSchema:
     nccl_graph_mixing: bool = False      # tp > 1: NCCL_GRAPH_MIXING_SUPPORT in every rank. NCCL's default (true) fences each
                                          # captured collective for graphs running beside other NCCL work, and the attention
                                          # cores launched between piecewise graph pieces then wait for the device; a rank runs
-                                         # its collectives on one stream, one at a time, so false (SGLang/vLLM's choice for
-                                         # graphs) loses nothing (experiments/results/h200x2/tp_launch_probe)
+                                         # its collectives on one stream, one at a time, so false loses nothing
+                                         # (experiments/results/h200x2/tp_launch_probe)
     dist_timeout_s: float = 600.0        # tp/dp > 1: a collective waiting longer fails (a peer hung); idle leaders ping
     freeze_gc: bool = True               # once the runner is built and warm: gc.freeze(), so collections while serving
                                          # skip the start-up objects (SGLang's /freeze_gc, which it leaves to the user)

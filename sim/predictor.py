@@ -15,17 +15,14 @@ from sim.step_shapes import shape_row
 
 
 def runtime_graph_limits(cfg: DictConfig) -> dict:
-    """The runtime's CUDA-graph settings for a cost model that leaves them open (null): the largest
-    decode graph (`real.cuda_graph_max_bs`), the largest piecewise-graph step (0: none), as the
-    runtime decides them (runtime.build), and whether tensor-parallel ranks launch piecewise steps in
-    lockstep with the device (`launch_lockstep`: tp > 1 with `real.nccl_graph_mixing`)."""
+    """The runtime's CUDA-graph limits for a cost model that leaves them open (null): the largest
+    decode graph (`real.cuda_graph_max_bs`) and the largest piecewise-graph step (0: none), as the
+    runtime decides them (runtime.build)."""
     limits = {}
     if "cuda_graph_max_bs" in cfg.costmodel and cfg.costmodel.cuda_graph_max_bs is None:
         limits["cuda_graph_max_bs"] = cfg.real.get("cuda_graph_max_bs")
     if "piecewise_max_tokens" in cfg.costmodel and cfg.costmodel.piecewise_max_tokens is None:
         limits["piecewise_max_tokens"] = piecewise_graph_tokens(cfg)
-    if "launch_lockstep" in cfg.costmodel and cfg.costmodel.launch_lockstep is None:
-        limits["launch_lockstep"] = int(cfg.tp) > 1 and bool(cfg.real.get("nccl_graph_mixing", False))
     return limits
 
 

@@ -21,12 +21,8 @@ def profile_applies(model: ModelSpec, hardware: HardwareSpec, layout: ParallelLa
 
 def auto_cost_model(model: ModelSpec, hardware: HardwareSpec, layout: ParallelLayout,
                     profiled: Callable[..., CostModel], roofline: Callable[..., CostModel],
-                    cuda_graph_max_bs: int | None = None, piecewise_max_tokens: int | None = None,
-                    launch_lockstep: bool | None = None) -> CostModel:
-    """profiled(...) when a profile applies to this model, hardware and layout, else roofline(...)
-    (`launch_lockstep` goes to the profiled model only: the roofline prices steps launched back to back)."""
-    limits = dict(model=model, hardware=hardware, layout=layout, cuda_graph_max_bs=cuda_graph_max_bs,
-                  piecewise_max_tokens=piecewise_max_tokens)
-    if not profile_applies(model, hardware, layout):
-        return roofline(**limits)
-    return profiled(**limits, **({} if launch_lockstep is None else {"launch_lockstep": launch_lockstep}))
+                    cuda_graph_max_bs: int | None = None, piecewise_max_tokens: int | None = None) -> CostModel:
+    """profiled(...) when a profile applies to this model, hardware and layout, else roofline(...)."""
+    make = profiled if profile_applies(model, hardware, layout) else roofline
+    return make(model=model, hardware=hardware, layout=layout, cuda_graph_max_bs=cuda_graph_max_bs,
+                piecewise_max_tokens=piecewise_max_tokens)

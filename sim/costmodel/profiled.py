@@ -68,14 +68,11 @@ class ProfiledCostModel:
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, layout: ParallelLayout,
                  fallback: Callable[..., CostModel], profile: str = "auto", cuda_graph: bool = True,
                  cuda_graph_max_bs: int | None = None, default_graph_max_bs: int = 1024,
-                 piecewise_max_tokens: int | None = None, decode_kv_split: str = "none",
-                 launch_lockstep: bool = False) -> None:
+                 piecewise_max_tokens: int | None = None, decode_kv_split: str = "none") -> None:
         # the profile of this layout's replicas (tp/ep); pp, DP attention and unprofiled layouts refused
         directory = profile_for_layout(hardware.name, model.name, layout, profile)
         self.directory, self.model = directory, model
-        # tensor-parallel ranks whose launches of piecewise extends keep the device's pace (launch_ends_step):
-        # NCCL's graph mixing support on (real.nccl_graph_mixing)
-        self.lockstep = bool(launch_lockstep) and layout.tp > 1
+        self.tp = layout.tp       # ranks that launch every step in lockstep (launch_ends_step)
         # the profile measured extend steps as the runtime ran them (piecewise graphs where it had them);
         # the roofline prices the steps outside its grid the same way
         self.roofline = fallback(model=model, hardware=hardware, layout=layout, cuda_graph_max_bs=cuda_graph_max_bs,
@@ -138,13 +135,16 @@ class ProfiledCostModel:
 
     def launch_time_s(self, shape: StepShape) -> float:
         """The host table's launch (timed on an idle device, each step after the one before had ended); for
-        piecewise extends by ranks in lockstep (tp > 1 with NCCL's graph mixing support on), the prefill table's
-        launch of one sequence of as many tokens without a cached prefix, timed back to back (launch_host_s):
-        served, the ranks launch such steps in lockstep behind the step ahead, as they do back to back, and the
-        leader's launch waits on the other ranks as it does there. Served tp=2 launches of up to 2,048 tokens took 14-17 ms (medians) on a machine whose
+        piecewise extends under tensor parallelism, the prefill table's launch of one sequence of as many tokens
+        without a cached prefix, timed back to back (launch_host_s): served, the ranks launch such steps in
+        lockstep behind the step ahead, as they do back to back, and the leader's launch waits on the other ranks
+        as it does there. Served tp=2 launches of up to 2,048 tokens took 14-17 ms (medians) on a machine whose
         back-to-back launches took 13-15 ms and idle ones 10.5-12 ms (experiments/results/h200x2/
         fidelity_tp2_limit8192), and 10-14 ms on one with 11-12 ms back to back and 13.7-14.5 ms idle
-        (experiments/results/h200x2/launch_times)."""
+        (experiments/results/h200x2/launch_times). Without NCCL's graph mixing support (real.nccl_graph_mixing,
+        off by default), whose fences had held the attention cores at the device's pace, they still do: served
+        extends of up to 2,048 tokens launched in 15-17 ms (medians) where the table's back-to-back launches
+        took 14-15 ms and idle ones 8.6-10 ms (experiments/results/h200x2/fidelity_tp2_no_graph_mixing)."""
         if self.launch is None:
             return self.roofline.launch_time_s(shape)
         key = (len(shape.extend_new_tokens), sum(shape.extend_new_tokens), shape.num_decode_reqs)
@@ -163,8 +163,8 @@ class ProfiledCostModel:
         return self.idle_launch.factor(idle_s) if self.idle_launch is not None else 1.0
 
     def _lockstep_piecewise(self, shape: StepShape) -> bool:
-        """A step with extends replayed as piecewise graphs by ranks that launch in lockstep (tp > 1, graph mixing)."""
-        return (self.lockstep and bool(shape.extend_new_tokens)
+        """A step with extends replayed as piecewise graphs by ranks that launch in lockstep (tp > 1)."""
+        return (self.tp > 1 and bool(shape.extend_new_tokens)
                 and not self.single.runs_eagerly(sum(shape.extend_new_tokens) + shape.num_decode_reqs))
 
     def device_waits_for_launch(self, shape: StepShape) -> bool:
@@ -173,18 +173,15 @@ class ProfiledCostModel:
 
     def launch_ends_step(self, shape: StepShape) -> bool:
         """Steps with extends that replay piecewise graphs (up to the piecewise limit) under tensor parallelism
-        (tp > 1) with NCCL's graph mixing support on (its fences hold every rank's attention cores at the
-        device's pace: experiments/results/h200x2/tp_launch_probe), where the profile has the launch table and
-        device_alone_s. The leader hands such a step to
+        (tp > 1), where the profile has the launch table and device_alone_s. The leader hands such a step to
         the other ranks, which take it once they have launched the step ahead, and each enqueues the graph
         pieces with the attention cores between them without waiting on the device: back to back (the profile's
         interval) every rank waits on the others, so the whole excess over the kernels alone (launch_bound_s)
         is that lockstep, hidden only by what the step ahead still runs once every rank could take this one;
         the step ends no earlier than its launch after that, and its ranks are done launching it only as it
         ends (sim/driver.py). At tp=2 such steps take 12-20 ms back to back against 6-19 ms alone. Eager
-        steps' launches wait on the device (host syncs), and at tp=1 (and at tp > 1 without graph mixing, the
-        runtime's default) a launch returns well before its step ends: both keep the capped head-start rule.
-        Decode-only steps: False."""
+        steps' launches wait on the device (host syncs), and at tp=1 a launch returns well before its step
+        ends: both keep the capped head-start rule. Decode-only steps: False."""
         return self._launch_terms(shape)[1]
 
     def launch_bound_s(self, shape: StepShape) -> float:

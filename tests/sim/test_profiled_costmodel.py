@@ -406,15 +406,15 @@ def test_a_regime_the_profile_did_not_measure_at_that_size_falls_back(tmp_path):
 
 
 def test_tensor_parallel_piecewise_extends_end_with_their_lockstep_launch():
-    """At tp=2 with NCCL's graph mixing on (launch_lockstep), a piecewise extend's whole back-to-back excess
-    over its kernels alone is its launch-bound part (launch_ends_step: the ranks launch in lockstep), and its
-    launch is the prefill table's back-to-back one, not the host table's (idle device); eager extends and
-    decodes keep the capped rule, and at tp=1 or without lockstep nothing changes."""
+    """At tp=2 a piecewise extend's whole back-to-back excess over its kernels alone is its launch-bound part
+    (launch_ends_step: the ranks launch in lockstep), and its launch is the prefill table's back-to-back one,
+    not the host table's (idle device); eager extends and decodes keep the capped rule, and at tp=1 nothing
+    changes."""
     profiles = Path(__file__).parents[2] / "sim" / "profiles" / "h200" / "deepseek_v2_lite"
     tp2 = profiles / "tp2"
     core = build_core(compose_config(["model=deepseek_v2_lite", "hardware=h200", "tp=2"]))
     model = ProfiledCostModel(core.model, core.hardware, core.layout, fallback=RooflineCostModel,
-                              profile=str(tp2), piecewise_max_tokens=2048, launch_lockstep=True)
+                              profile=str(tp2), piecewise_max_tokens=2048)
     prefill = pd.read_csv(tp2 / "prefill.csv").set_index(["num_seqs", "new_tokens", "prefix_tokens"])
     shape = StepShape(extend_new_tokens=(1024,), extend_prefix_tokens=(0,))
     assert model.launch_ends_step(shape)
@@ -434,30 +434,9 @@ def test_tensor_parallel_piecewise_extends_end_with_their_lockstep_launch():
     assert not model.launch_ends_step(StepShape(num_decode_reqs=8, decode_context_tokens=800))
     one = build_core(compose_config(["model=deepseek_v2_lite", "hardware=h200"]))
     tp1 = ProfiledCostModel(one.model, one.hardware, one.layout, fallback=RooflineCostModel,
-                            profile=str(profiles), piecewise_max_tokens=2048, launch_lockstep=True)
+                            profile=str(profiles), piecewise_max_tokens=2048)
     assert not tp1.launch_ends_step(shape)
     assert tp1.launch_time_s(shape) == pytest.approx(tp1.launch.launch_s(1, 1024, 0), rel=1e-12)
-    free = ProfiledCostModel(core.model, core.hardware, core.layout, fallback=RooflineCostModel,
-                             profile=str(tp2), piecewise_max_tokens=2048)          # graph mixing off
-    assert not free.launch_ends_step(shape)
-    assert free.launch_time_s(shape) == pytest.approx(free.launch.launch_s(1, 1024, 0), rel=1e-12)
-
-
-@pytest.mark.parametrize("overrides,lockstep", [([], False), (["tp=2"], False),
-                                                (["tp=2", "real.nccl_graph_mixing=true"], True),
-                                                (["real.nccl_graph_mixing=true"], False)])
-def test_the_cost_model_launches_in_lockstep_as_the_runtime_does(overrides, lockstep):
-    """costmodel=auto/profiled leave launch_lockstep open: it follows the runtime's ranks (tp > 1 with NCCL's
-    graph mixing support on), and an explicit value wins."""
-    from sim.predictor import build_cost_model, runtime_graph_limits
-
-    cfg = compose_config(["model=deepseek_v2_lite", "hardware=h200", "costmodel=profiled"] + overrides)
-    assert runtime_graph_limits(cfg)["launch_lockstep"] is lockstep
-    assert build_cost_model(cfg, build_core(cfg)).lockstep is lockstep
-    pinned = compose_config(["model=deepseek_v2_lite", "hardware=h200", "tp=2", "costmodel=auto",
-                             f"costmodel.launch_lockstep={str(not lockstep).lower()}"] + overrides)
-    assert "launch_lockstep" not in runtime_graph_limits(pinned)
-    assert build_cost_model(pinned, build_core(pinned)).lockstep is (not lockstep)
 
 
 @pytest.mark.parametrize("layout,subdir", [([], ""), (["tp=2"], "tp2")])
