@@ -2,8 +2,9 @@
 (weights, CUDA graphs, warm-up) serves every real run, each with a fresh scheduler, writing what
 `mode=real` writes (records, summary, predicted_s, step_shapes.parquet: every step's full shape, so any
 cost model can be scored later on the real plans) and launch_times.parquet (each step's launch on the host
-clock, experiments.launch_timer). `--sim` runs `mode=sim` for each workload and cost
-model instead (no GPU).
+clock, experiments.launch_timer). With TWINSERVE_LAUNCH_PARTS=1 the launches carry their parts, and under tp > 1
+the other ranks time every step they run (follower_steps_rank<r>.parquet at --out). `--sim` runs `mode=sim` for each
+workload and cost model instead (no GPU).
 
   python experiments/fidelity_runs.py --real --out /tmp/fidelity/real            # GPU
   python experiments/fidelity_runs.py --real --out /tmp/fidelity/real_tp2 --base tp=2   # 2 GPUs: ranks spawned once
@@ -64,6 +65,8 @@ ALL_WORKLOADS = {**WORKLOADS, **SHARED_PREFIX_WORKLOADS, **VALIDATION_WORKLOADS}
 COST_MODELS = ("profiled", "roofline", "roofline_fitted")
 QUIET = ["progress=false", "print_summary=false"]
 LAUNCH_PARTS_ENV = "TWINSERVE_LAUNCH_PARTS"     # "1": launch_times.parquet also times each launch's parts
+FOLLOWER_TIMES_ENV = "TWINSERVE_FOLLOWER_TIMES"   # where tp > 1 followers write their step timings (set for them)
+FOLLOWER_TIMES_FILE = "follower_steps_rank{rank}.parquet"
 
 
 def launch_parts(runner):
@@ -149,7 +152,43 @@ def run_on_ranks(cfg, out: Path, names: list[str], base: list[str]) -> dict[str,
     core = build_core(cfg)
     check_layout(core, 1)
     job_cfg = {"fidelity_job": {"out": str(out), "names": list(names), "base": list(base)}}
-    return run_job(cfg, core, out, (lead_workloads, follow_steps), "fidelity", job_cfg)
+    follow = follow_steps
+    if os.environ.get(LAUNCH_PARTS_ENV) == "1":       # the followers time their steps too (spawned: they inherit it)
+        os.environ[FOLLOWER_TIMES_ENV] = str(out)
+        follow = follow_timed
+    return run_job(cfg, core, out, (lead_workloads, follow), "fidelity", job_cfg)
+
+
+def follow_timed(runner, channel) -> dict:
+    """A tp rank other than the leader under TWINSERVE_LAUNCH_PARTS=1: runtime.profile.ranks.follow_steps, each step
+    timed with its parts (the wait in recv before it included) on time.perf_counter, the leader's launch clock
+    (launch_times.parquet's clock_origin_s), written to OUT/follower_steps_rank<r>.parquet as the job ends: every
+    step of every workload in order, warm-up included."""
+    from runtime.profile.launch_parts import PartTimers, install
+    from runtime.profile.ranks import follow_steps
+
+    timers = PartTimers()
+    install(runner, timers, leader=False)
+    rows, run = [], runner.run
+
+    def timed_run(inputs, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return run(inputs, *args, **kwargs)
+        finally:
+            rows.append({"run_start_perf_s": start, "run_ms": 1e3 * (time.perf_counter() - start),
+                         "new_tokens": int(sum(len(ids) for ids in inputs.batch.new_ids)), **timers.ms()})
+            timers.reset()
+
+    runner.run = timed_run
+    try:
+        return follow_steps(runner, channel)
+    finally:
+        import pandas as pd
+        import torch.distributed as dist
+
+        out = Path(os.environ[FOLLOWER_TIMES_ENV]) / FOLLOWER_TIMES_FILE.format(rank=dist.get_rank())
+        pd.DataFrame(rows).to_parquet(out, index=False)
 
 
 def lead_workloads(task, cfg, core, runner) -> dict[str, dict]:

@@ -61,8 +61,10 @@ class LaunchTimer:
 
     def frame(self) -> pd.DataFrame:
         """One row per launched step: step_id, launch_start_s, launch_end_s, poll_s (inside the launch), and with
-        `parts` the host ms of each launch part (send_ms, core_ms, ...; polls inside a part count in it too)."""
+        `parts` the host ms of each launch part (send_ms, core_ms, ...; polls inside a part count in it too) and
+        clock_origin_s, the clock's own reading at the origin (time.perf_counter: CLOCK_MONOTONIC, which the
+        other ranks' step timings on this host share)."""
         frame = pd.DataFrame(self.rows, columns=["step_id", "launch_start_s", "launch_end_s", "poll_s"])
         if self.part_rows:
-            frame = pd.concat([frame, pd.DataFrame(self.part_rows)], axis=1)
+            frame = pd.concat([frame, pd.DataFrame(self.part_rows)], axis=1).assign(clock_origin_s=self._origin)
         return frame

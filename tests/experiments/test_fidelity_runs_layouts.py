@@ -50,3 +50,10 @@ def test_launch_parts_are_timed_on_the_leader_when_asked(tmp_path, monkeypatch):
     assert (launches["send_ms"] > 0).all() and (launches["prepare_ms"] > 0).all()
     assert (launches["send_ms"] + launches["prepare_ms"] + launches["to_device_ms"] <= launch_ms + 1e-6).all()
     assert (launches["recv_ms"] == 0).all()        # the leader never waits in recv
+    # the follower timed every step it ran on the leader's clock: none began before the leader began launching it
+    follower = pd.read_parquet(tmp_path / "real" / "follower_steps_rank1.parquet")
+    served = follower.iloc[len(follower) - len(launches):]     # the warm-up's steps come first
+    starts = launches["clock_origin_s"] + launches["launch_start_s"]
+    assert len(follower) >= len(launches) and (served["run_ms"] > 0).all() and (served["recv_ms"] >= 0).all()
+    assert (served["run_start_perf_s"].to_numpy() >= starts.to_numpy()).all()
+    assert served["new_tokens"].sum() > 0
