@@ -143,8 +143,8 @@ class ProfiledCostModel:
         fidelity_tp2_limit8192), and 10-14 ms on one with 11-12 ms back to back and 13.7-14.5 ms idle
         (experiments/results/h200x2/launch_times). Without NCCL's graph mixing support (real.nccl_graph_mixing,
         off by default), whose fences had held the attention cores at the device's pace, they still do: served
-        extends of up to 2,048 tokens launched in 15-17 ms (medians) where the table's back-to-back launches
-        took 14-15 ms and idle ones 8.6-10 ms (experiments/results/h200x2/fidelity_tp2_no_graph_mixing)."""
+        extends of up to 2,048 tokens launched in 15-18 ms (medians) where the table's back-to-back launches
+        took 12.5-17 ms and idle ones 8.6-10 ms (experiments/results/h200x2/fidelity_tp2_no_graph_mixing)."""
         if self.launch is None:
             return self.roofline.launch_time_s(shape)
         key = (len(shape.extend_new_tokens), sum(shape.extend_new_tokens), shape.num_decode_reqs)
