@@ -21,6 +21,7 @@ from runtime.core.request import Request, RequestSpec
 from runtime.core.scheduler import Scheduler
 from sim.clock import ExactClock
 from sim.executor import SimExecutor
+from sim.step_placement import place_step
 
 
 @dataclass
@@ -374,40 +375,15 @@ class SimDriver:
                     yield env.timeout_until(resume_s)
                 else:
                     result = self.executor.execute(plan)
-                    launch_begin = t + result.host_s
-                    start = max(prev_end, launch_begin)
                     # after the host idled its launch is slower (idle_launch_factor): the launch and its lead
                     # stretch, a launch-bound step ends that much later, and no step before its launch returns
                     slow = self.executor.idle_launch_factor(idle_s) if idle_s > 0.0 else 1.0
-                    launch_s, lead = result.launch_s * slow, result.launch_lead_s * slow
-                    ready = max(prev_end, launch_begin + lead, launched_by + lead) if lead else start
-                    end = ready + result.duration_s - result.host_s       # (this order: decode runs sum the same way)
-                    if slow > 1.0 and not lead:
-                        if result.launch_bound_s > 0.0 and not result.launch_ends_step:
-                            end += launch_s - result.launch_s
-                        end = max(end, launch_begin + launch_s)
-                    head_start = prev_end - launch_begin
-                    if result.after_decode_saving_s > 0.0 and ready <= prev_end and _is_decode(last):
-                        end -= result.after_decode_saving_s                 # right behind a decode-only step
-                    if result.launch_ends_step:
-                        # ranks in lockstep: every rank can take the step once the leader launches it and each
-                        # has launched the step ahead (launched_by); only what the device still ran of the step
-                        # ahead after that hides the launch-bound part, and no rank is done launching it before
-                        # its launch time from then, nor (paced by its device) before the step ends
-                        free = max(launch_begin, launched_by)
-                        end = max(end - min(max(prev_end - free, 0.0), result.launch_bound_s), free + launch_s)
-                        launched_by = max(free + launch_s, end)
-                    else:
-                        launched_by = launch_begin + launch_s
-                    if result.launch_bound_s > 0.0 and not result.launch_ends_step:
-                        if head_start > 0.0:                             # the head start the launch had
-                            end -= min(head_start, result.launch_bound_s)
-                        if head_start < result.launch_bound_s:           # its launch set its end: every rank
-                            launched_by = max(launched_by, end)          # launched it only then
+                    placed = place_step(result, t + result.host_s, prev_end, launched_by, _is_decode(last), slow)
+                    start, end, launched_by = placed.start_s, placed.end_s, placed.launched_by_s
                     launched = _InFlight(plan, result, start, end)
                     yield from finish_last()
-                    if env.now < launch_begin + launch_s:
-                        yield env.timeout_until(launch_begin + launch_s)   # the launch returns
+                    if env.now < placed.launch_end_s:
+                        yield env.timeout_until(placed.launch_end_s)      # the launch returns
                     sched.advance(plan, env.now, result.next_token_ids)
                     last = launched
             finished = sched.pop_finished()

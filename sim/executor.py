@@ -127,9 +127,18 @@ class SimExecutor:
             span = self._streams[req.rid] = (stream, 0, len(stream))
         return span
 
+    def step_terms(self, shape: StepShape, next_token_ids: list[int] | None = None) -> StepResult:
+        """The cost model's terms of a step of `shape` (duration, host share, launch and its lead, launch-bound
+        share, lockstep, saving behind a decode), as execute() returns them with the step's tokens."""
+        launch_s, lead_s = self._launch_and_lead(shape)
+        return StepResult(next_token_ids=next_token_ids or [], duration_s=self.cost_model.step_time_s(shape),
+                          host_s=self.cost_model.host_time_s(shape), launch_s=launch_s, launch_lead_s=lead_s,
+                          launch_bound_s=self.cost_model.launch_bound_s(shape),
+                          launch_ends_step=self.cost_model.launch_ends_step(shape),
+                          after_decode_saving_s=self.cost_model.after_decode_saving_s(shape))
+
     def execute(self, plan: StepPlan) -> StepResult:
         shape = StepShape.from_plan(plan)
-        duration_s = self.cost_model.step_time_s(shape)
         streams, tokens = self._streams, []
         for it in plan.items:
             if it.samples:
@@ -138,12 +147,7 @@ class SimExecutor:
                 index = len(req.output_ids)
                 # past max_new_tokens: the step after the last one under overlap (its token is dropped)
                 tokens.append(buf[start + index] if index < length else 0)
-        launch_s, lead_s = self._launch_and_lead(shape)
-        return StepResult(next_token_ids=tokens, duration_s=duration_s,
-                          host_s=self.cost_model.host_time_s(shape), launch_s=launch_s, launch_lead_s=lead_s,
-                          launch_bound_s=self.cost_model.launch_bound_s(shape),
-                          launch_ends_step=self.cost_model.launch_ends_step(shape),
-                          after_decode_saving_s=self.cost_model.after_decode_saving_s(shape))
+        return self.step_terms(shape, tokens)
 
     def _launch_and_lead(self, shape: StepShape) -> tuple[float, float]:
         """The step's launch host time and, of it, the part before the device can begin: all of it where

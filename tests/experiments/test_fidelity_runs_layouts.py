@@ -36,6 +36,8 @@ def test_a_tp2_layout_is_run_and_scored_as_that_layout(tmp_path):
     errors, steps, _ = build(tmp_path / "real", tmp_path / "sim", ["shared_prefix_lpm"], base)
     assert len(errors) == 3 and len(steps) == len(real_steps)
     assert steps["roofline_s"].tolist() == pytest.approx(real_steps["predicted_s"].tolist(), rel=1e-12)
+    # each step also placed behind its real predecessor (its launch times recorded): as the driver times steps
+    assert errors["in_context_step_error_median"].notna().all() and (steps["roofline_in_context_s"] > 0).all()
     one_gpu = build(tmp_path / "real", tmp_path / "sim", ["shared_prefix_lpm"], BASE)[1]   # priced as tp=1
     assert one_gpu["roofline_s"].tolist() != pytest.approx(real_steps["predicted_s"].tolist(), rel=1e-6)
 
