@@ -164,6 +164,9 @@ def follow_timed(runner, channel) -> dict:
     timed with its parts (the wait in recv before it included) on time.perf_counter, the leader's launch clock
     (launch_times.parquet's clock_origin_s), written to OUT/follower_steps_rank<r>.parquet as the job ends: every
     step of every workload in order, warm-up included."""
+    import pandas as pd
+    import torch.distributed as dist
+
     from runtime.profile.launch_parts import PartTimers, install
     from runtime.profile.ranks import follow_steps
 
@@ -184,9 +187,6 @@ def follow_timed(runner, channel) -> dict:
     try:
         return follow_steps(runner, channel)
     finally:
-        import pandas as pd
-        import torch.distributed as dist
-
         out = Path(os.environ[FOLLOWER_TIMES_ENV]) / FOLLOWER_TIMES_FILE.format(rank=dist.get_rank())
         pd.DataFrame(rows).to_parquet(out, index=False)
 
