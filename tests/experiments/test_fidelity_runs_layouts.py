@@ -13,6 +13,7 @@ pytest.importorskip("torch")
 
 from experiments.fidelity_runs import run_real, run_sims  # noqa: E402
 from experiments.fidelity_table import build  # noqa: E402
+from experiments.tp_launch_report import join, summary  # noqa: E402
 
 BASE = ["model=tiny_mla_moe", "hardware=cpu", "real.device=cpu", "real.dtype=float32", "real.as_fast_as_possible=true",
         "kv.capacity_tokens=3000", "costmodel=roofline", "workload.num_groups=2", "workload.prompts_per_group=3",
@@ -59,3 +60,8 @@ def test_launch_parts_are_timed_on_the_leader_when_asked(tmp_path, monkeypatch):
     assert len(follower) >= len(launches) and (served["run_ms"] > 0).all() and (served["recv_ms"] >= 0).all()
     assert (served["run_start_perf_s"].to_numpy() >= starts.to_numpy()).all()
     assert served["new_tokens"].sum() > 0
+    # the report joins them step by step
+    rows = join(tmp_path / "real")
+    assert rows["step_id"].tolist() == launches["step_id"].tolist() and (rows["follower_lag_ms"] >= 0).all()
+    assert rows["follower_run_ms"].tolist() == pytest.approx(served["run_ms"].tolist())
+    assert set(summary(rows).index.get_level_values("kind")) == {"decode", "extend"}
