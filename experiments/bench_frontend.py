@@ -31,26 +31,20 @@ VOCAB = 512
 def fake_scheduler(addresses, step_s: float, results, stop) -> None:
     """Every step_s: one token for each request in flight (its first one step after it arrived). Once
     `stop` is set, puts {rid: seconds from receiving the request to emitting its first token} on `results`."""
-    import zmq
-
+    from runtime.server.channel import Inbox, Outbox
     from runtime.server.ipc import (
         AbortReq, BatchText, ControlReply, ControlReq, Finish, Ready, SchedulerStats, TextOutput, TokenizedRequest,
-        pull_socket, push_socket,
     )
 
-    ctx = zmq.Context()
-    pull, push = pull_socket(ctx, addresses.scheduler), push_socket(ctx, addresses.http)
+    pull, push = Inbox(addresses.scheduler), Outbox(addresses.http)
     push.send_pyobj(Ready(1 << 20, 1 << 16, VOCAB, "fake", os.getpid()))
     live: dict[str, list] = {}            # rid -> [tokens sent, arrival, prompt tokens, tokens wanted]
     ttfts: dict[str, float] = {}
     next_step = time.perf_counter() + step_s
     while not stop.is_set():
-        if pull.poll(max(0, int((next_step - time.perf_counter()) * 1000))):
-            while True:
-                try:
-                    msg = pull.recv_pyobj(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
+        push.flush()
+        if pull.poll(max(0.0, (next_step - time.perf_counter()) * 1000)):
+            for msg in pull.drain():
                 if isinstance(msg, TokenizedRequest):
                     live[msg.rid] = [0, time.perf_counter(), len(msg.input_ids), msg.sampling.max_new_tokens]
                 elif isinstance(msg, AbortReq):
@@ -80,23 +74,23 @@ def fake_scheduler(addresses, step_s: float, results, stop) -> None:
         if first or rest:
             push.send_pyobj(BatchText(first + rest, stats))
     results.put(ttfts)
-    ctx.destroy(linger=0)
+    push.close(0)
+    pull.close()
 
 
 def http_process(addresses, port: int) -> None:
     """The HTTP process as `mode=serve` builds it (uvloop and httptools where installed)."""
     import uvicorn
-    import zmq
 
+    from runtime.server.channel import Inbox
     from runtime.server.http_app import create_app
     from runtime.server.input_processor import InputProcessor, ModelLimits
-    from runtime.server.ipc import pull_socket
     from runtime.server.launch import event_loop_and_http_parser
     from runtime.server.server_metrics import ServerMetrics
     from runtime.server.tokenizer import ByteTokenizer
     from runtime.server.tokenizer_manager import TokenizerManager
 
-    pull = pull_socket(zmq.Context(), addresses.http)
+    pull = Inbox(addresses.http)
     ready = pull.recv_pyobj()
     limits = ModelLimits(ready.max_context_tokens, ready.kv_capacity_tokens, VOCAB, ())
     metrics = ServerMetrics("fake")

@@ -5,7 +5,7 @@ clock on one host). Hops: step_end (the recorded token time, what the server's T
 sched_out (the scheduler has the output) -> sched_send -> detok_recv -> detok_send -> http_recv (the
 HTTP process has it) -> handler (the stream's handler woke) -> written (the SSE chunk was written) ->
 client; intake: client_sent -> http_arrival (the server's clock starts) -> http_sent -> sched_recv.
-The *_send / *_sent marks are taken as a message is handed to ZMQ (pickling and the transfer count in
+The *_send / *_sent marks are taken as a message is handed to its channel (pickling and the transfer count in
 the next hop): on a busy host a mark taken after the send can come after the receiver's.
 
   python -m experiments.serving_hops --out DIR --client-processes 4 model=deepseek_v2_lite workload=random \

@@ -3,7 +3,8 @@
 # scheduler -> detokenizer -> HTTP process -> client, and the intake), DeepSeek-V2-Lite plain defaults at
 # RATE req/s, once per server setting in SETTINGS (';'-separated override lists, '-' for none, e.g.
 # "-;server.tokenizer_workers=2;server.detokenizer=inline"); first, the CUDA event clock against the host's
-# over 30 s (the server places device step times on the host clock once per run: drift skews them).
+# over 30 s (the server places device step times on the host clock once per run: drift skews them;
+# SKIP_CLOCK=1 skips it).
 # Needs the server's wheels in .whl/ (see serve_bench.sh).
 #   bash experiments/gpu_jobs/serve_hops.sh OUT
 set -uo pipefail
@@ -13,7 +14,7 @@ OUT=${1:-/tmp/out}; WORK=${WORK:-/tmp/serve_hops}; mkdir -p "$OUT" "$WORK"
 RATE=${RATE:-16}; NREQ=${NREQ:-300}; CLIENTS=${CLIENTS:-4}
 SETTINGS=${SETTINGS:-"-"}
 W="workload=random workload.input_len=1024 workload.output_len=256 workload.range_ratio=0.5 workload.num_requests=$NREQ workload.request_rate=$RATE"
-python3 - > "$OUT/gpu_clock.txt" 2>&1 <<'EOF'
+[ -n "${SKIP_CLOCK:-}" ] || python3 - > "$OUT/gpu_clock.txt" 2>&1 <<'EOF'
 import time, torch
 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 torch.cuda.synchronize(); start.record(); start.synchronize(); t0 = time.perf_counter()
@@ -23,7 +24,7 @@ gpu_s, host_s = start.elapsed_time(end) / 1e3, t1 - t0
 print(f"host {host_s:.6f} s, CUDA events {gpu_s:.6f} s: events - host = {1e6 * (gpu_s - host_s):.1f} us "
       f"({1e6 * (gpu_s - host_s) / host_s:.1f} ppm)")
 EOF
-cat "$OUT/gpu_clock.txt"
+cat "$OUT/gpu_clock.txt" 2>/dev/null
 i=0
 IFS=';' read -ra LIST <<< "$SETTINGS"
 for setting in "${LIST[@]}"; do

@@ -16,6 +16,7 @@ from runtime.server.stop_strings import StopStringMatcher
 from runtime.server.token_pieces import TokenPieces
 from runtime.server.tokenizer import Tokenizer
 
+PENDING_FLUSH_MS = 5             # while a worker has not taken all its outputs, the wait retries this often
 MAX_OUTPUTS_PER_MESSAGE = 32    # a worker starts writing these streams' chunks while the next ones are decoded
 
 
@@ -74,24 +75,22 @@ class Detokenizer:
 
 
 def run_detokenizer(addresses: Addresses, tokenizer_path: str | None, vocab_size: int, parent_pid: int,
-                    num_workers: int = 1) -> None:
+                    num_workers: int = 1, busy_poll_s: float = 0.0) -> None:
     """Process entry: serve until the scheduler's shutdown reply has passed through. Outputs and control
-    replies go to their worker; Ready to the launcher (worker 0)."""
-    import zmq
-
-    from runtime.server.ipc import WorkerPushes, pull_socket
+    replies go to their worker; Ready to the launcher (worker 0). `busy_poll_s`: server.busy_poll_s."""
+    from runtime.server.channel import Inbox
+    from runtime.server.ipc import WorkerPushes
     from runtime.server.process_utils import child_process_setup, parent_alive
     from runtime.server.tokenizer import load_tokenizer
 
     child_process_setup("twinserve-detokenizer")
     detok = Detokenizer(load_tokenizer(tokenizer_path, vocab_size))
     trace = HopTrace.from_env("detokenizer")
-    ctx = zmq.Context()
-    pull = pull_socket(ctx, addresses.detokenizer)
-    pushes = WorkerPushes(ctx, addresses, num_workers)
+    pull = Inbox(addresses.detokenizer, busy_poll_s=busy_poll_s)
+    pushes = WorkerPushes(addresses, num_workers)
     try:
         while True:
-            if not pull.poll(1000):
+            if not pull.poll(1000 if pushes.flush() else PENDING_FLUSH_MS):
                 if not parent_alive(parent_pid):
                     return
                 continue
@@ -111,5 +110,4 @@ def run_detokenizer(addresses: Addresses, tokenizer_path: str | None, vocab_size
         if trace is not None:
             trace.flush()
         pull.close()
-        pushes.close(linger=1000)
-        ctx.term()
+        pushes.close(1000)

@@ -1,7 +1,7 @@
 """One HTTP + tokenizer worker: FastAPI on uvicorn over its own TokenizerManager. With one worker it runs in
 the launcher's process and binds host:port itself; with several (server.tokenizer_workers, SGLang's
 --tokenizer-worker-num) each is a process of its own (`run_http_worker`) serving the listening socket
-the launcher bound. Imports fastapi, uvicorn, zmq and prometheus_client only inside its functions.
+the launcher bound. Imports fastapi, uvicorn and prometheus_client only inside its functions.
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def build_frontend(cfg, model, addresses, ready, worker_id: int, scheduler_alive
     detokenizer = Detokenizer(tokenizer) if cfg.server.detokenizer == "inline" else None   # decodes here
     manager = TokenizerManager(processor, addresses, metrics, scheduler_alive=scheduler_alive,
                                trace=HopTrace.from_env(f"http{worker_id}"), worker_id=worker_id,
-                               detokenizer=detokenizer)
+                               detokenizer=detokenizer, busy_poll_s=float(cfg.server.busy_poll_s or 0.0))
     return Frontend(manager, metrics, name, limits)
 
 

@@ -1,10 +1,10 @@
-"""Messages between the server's processes (pickled over ZMQ) and the socket addresses.
+"""Messages between the server's processes (pickled over Unix sockets, `channel.py`) and their addresses.
 
 HTTP + tokenizer worker(s) --TokenizedRequest/AbortReq/ControlReq--> scheduler --BatchOutput--> detokenizer
 --BatchText--> the worker that sent the request. Control replies travel the same way back to the worker
 that asked, after every output sent before them. With server.detokenizer=inline there is no detokenizer
 process: the scheduler sends each worker its share of a BatchOutput (`WorkerPushes`), and the worker decodes
-it. Torch-free; imports zmq only in `push_socket` / `pull_socket`.
+it. Torch-free.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from runtime.core.request import SamplingParams
 
 @dataclass(frozen=True)
 class Addresses:
-    """ipc:// endpoints, one PULL socket per receiving process, in a private directory. `http` is the
+    """Socket paths, one Inbox per receiving process, in a private directory. `http` is the
     launcher's: with one tokenizer worker it serves HTTP itself (worker 0); with N it only receives Ready
     and the shutdown reply, and workers 1..N have their own (`worker(i)`)."""
 
@@ -27,7 +27,7 @@ class Addresses:
 
     @classmethod
     def in_dir(cls, directory: str) -> "Addresses":
-        return cls(*(f"ipc://{os.path.join(directory, name)}" for name in ("scheduler", "detokenizer", "http")))
+        return cls(*(os.path.join(directory, name) for name in ("scheduler", "detokenizer", "http")))
 
     def worker(self, worker_id: int) -> str:
         return self.http if worker_id == 0 else f"{self.http}-{worker_id}"
@@ -214,35 +214,31 @@ class Ready:
     pid: int
 
 
-def push_socket(ctx, address: str):
-    import zmq
-
-    sock = ctx.socket(zmq.PUSH)
-    sock.setsockopt(zmq.SNDHWM, 0)          # never block the sender (the scheduler must not wait)
-    sock.setsockopt(zmq.LINGER, 1000)
-    sock.setsockopt(zmq.RECONNECT_IVL, 10)  # a receiver that binds later (a worker) is reached within 10 ms
-    sock.connect(address)
-    return sock
+BUSY_POLL_AUTO_MIN_CORES = 8       # busy polling costs a core per receiving process: only where cores are plenty
+BUSY_POLL_AUTO_S = 0.1             # longer than a step: a receiver serving requests never sleeps between steps
 
 
-def pull_socket(ctx, address: str):
-    import zmq
-
-    sock = ctx.socket(zmq.PULL)
-    sock.setsockopt(zmq.RCVHWM, 0)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.bind(address)
-    return sock
+def resolve_busy_poll_s(value: float | None, cpu_count: int | None = None) -> float:
+    """server.busy_poll_s: how long a receiving process spins after its last message before it sleeps in
+    the kernel; null = BUSY_POLL_AUTO_S on a machine of at least BUSY_POLL_AUTO_MIN_CORES cores, else 0."""
+    if value is None:
+        cores = os.cpu_count() if cpu_count is None else cpu_count
+        return BUSY_POLL_AUTO_S if (cores or 1) >= BUSY_POLL_AUTO_MIN_CORES else 0.0
+    if value < 0:
+        raise ValueError(f"server.busy_poll_s={value}: must be >= 0 (seconds; null = auto)")
+    return float(value)
 
 
 class WorkerPushes:
-    """A PUSH socket to each tokenizer worker (`worker_ids`). `send_to` sends to one; `send_pyobj` routes a
+    """An Outbox to each tokenizer worker (`worker_ids`). `send_to` sends to one; `send_pyobj` routes a
     message by its `worker` (0, the launcher's, for one without: Ready), and splits a BatchOutput into one
     BatchOutput per worker, each with the scheduler's gauges: so the scheduler sends straight to the workers
     with server.detokenizer=inline, and the detokenizer process sends its replies the same way."""
 
-    def __init__(self, ctx, addresses: Addresses, num_workers: int) -> None:
-        self._pushes = {w: push_socket(ctx, addresses.worker(w)) for w in worker_ids(num_workers)}
+    def __init__(self, addresses: Addresses, num_workers: int) -> None:
+        from runtime.server.channel import Outbox
+
+        self._pushes = {w: Outbox(addresses.worker(w)) for w in worker_ids(num_workers)}
 
     def send_to(self, worker: int, msg) -> None:
         self._pushes[worker].send_pyobj(msg)
@@ -254,6 +250,14 @@ class WorkerPushes:
         else:
             self.send_to(getattr(msg, "worker", 0), msg)
 
-    def close(self, linger: int = 1000) -> None:
+    @property
+    def pending_bytes(self) -> int:
+        return sum(push.pending_bytes for push in self._pushes.values())
+
+    def flush(self) -> bool:
+        """Write what the sockets take now; True when nothing is left."""
+        return all([push.flush() for push in self._pushes.values()])
+
+    def close(self, linger_ms: int = 1000) -> None:
         for push in self._pushes.values():
-            push.close(linger=linger)
+            push.close(linger_ms)

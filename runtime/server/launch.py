@@ -2,7 +2,7 @@
 process, each tokenizer worker decodes its own outputs), waits until the model is loaded, then serves HTTP:
 in this process (server.tokenizer_workers=1), or in N worker processes sharing one listening socket, this
 one only supervising. SIGINT/SIGTERM shut everything down in order: HTTP drains, then the
-scheduler aborts what is in flight and writes the run's records. Imports fastapi/uvicorn/zmq only inside
+scheduler aborts what is in flight and writes the run's records. Imports fastapi/uvicorn only inside
 `run_serve` (the config test instantiates this target).
 """
 from __future__ import annotations
@@ -32,28 +32,29 @@ def run_serve(cfg: DictConfig) -> None:
     nothing: a server that finished no request (all aborted, or none sent) did not fail."""
     import multiprocessing as mp
 
-    import zmq
-
+    from runtime.server.channel import Inbox
     from runtime.server.detokenizer_process import run_detokenizer
-    from runtime.server.ipc import Addresses, check_detokenizer, pull_socket
+    from runtime.server.ipc import Addresses, check_detokenizer, resolve_busy_poll_s
     from runtime.server.online_source import check_stream_interval
     from runtime.server.scheduler_process import run_scheduler
 
     check_stream_interval(int(cfg.server.stream_interval))       # before any process starts
     num_workers = check_tokenizer_workers(int(cfg.server.tokenizer_workers))
     detokenizer = check_detokenizer(cfg.server.detokenizer)
+    busy_poll_s = resolve_busy_poll_s(cfg.server.busy_poll_s)
     container = OmegaConf.to_container(cfg, resolve=True)       # Hydra's run dir resolves only here
+    container["server"]["busy_poll_s"] = busy_poll_s            # every process spins alike
     model = instantiate(cfg.model)
     ipc_dir = tempfile.mkdtemp(prefix="twinserve-")
     addresses = Addresses.in_dir(ipc_dir)
-    zctx = zmq.Context()
-    http_pull = pull_socket(zctx, addresses.http)
+    http_pull = Inbox(addresses.http, busy_poll_s=busy_poll_s)
     spawn = mp.get_context("spawn")
     children = [spawn.Process(target=run_scheduler, args=(container, addresses, os.getpid()),
                               name="twinserve-scheduler")]
     if detokenizer == "process":
         children.append(spawn.Process(target=run_detokenizer, name="twinserve-detokenizer",
-                                      args=(addresses, cfg.tokenizer.path, model.vocab_size, os.getpid(), num_workers)))
+                                      args=(addresses, cfg.tokenizer.path, model.vocab_size, os.getpid(), num_workers,
+                                            busy_poll_s)))
     for child in children:
         child.start()
     try:
@@ -67,7 +68,6 @@ def run_serve(cfg: DictConfig) -> None:
     finally:
         stop_children(children, CHILD_EXIT_TIMEOUT_S)
         http_pull.close()
-        zctx.term()
         shutil.rmtree(ipc_dir, ignore_errors=True)
 
 

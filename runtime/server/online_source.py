@@ -1,5 +1,5 @@
 """The scheduler process's RequestSource for an online front end: requests, aborts and control
-messages arrive over ZMQ from the HTTP process; new tokens and finishes leave for the detokenizer as
+messages arrive over Unix sockets (`channel.py`) from the HTTP process; new tokens and finishes leave for the detokenizer as
 soon as a step's are known (one message, two when the step finishes requests). Stop strings are checked
 here, on decoded text, so that a request ends as soon as one appears. Torch-free.
 """
@@ -9,8 +9,6 @@ import os
 import time
 from dataclasses import dataclass, field
 from typing import Callable
-
-import zmq
 
 from runtime.core.batch import ScheduledItem
 from runtime.core.request import FinishReason, Request
@@ -26,6 +24,7 @@ from runtime.server.stop_strings import StopStringMatcher
 from runtime.server.tokenizer import Tokenizer
 
 PARENT_CHECK_S = 1.0
+PENDING_FLUSH_S = 0.005            # while a receiver has not taken all our outputs, an idle wait retries this often
 
 
 def check_stream_interval(value: int) -> int:
@@ -59,11 +58,12 @@ class OnlineSource:
     """`control(req)` answers flush_cache / server_info / dump_records between steps (the driver
     calls `poll` only between steps); `shutdown` aborts everything in flight, then `exhausted()`."""
 
-    def __init__(self, pull: zmq.Socket, push: zmq.Socket, scheduler: Scheduler, tokenizer: Tokenizer,
+    def __init__(self, pull, push, scheduler: Scheduler, tokenizer: Tokenizer,
                  control: Callable[[ControlReq], ControlReply], parent_pid: int | None = None,
                  clock: Callable[[], float] = time.perf_counter, stream_interval: int = 1,
                  trace: HopTrace | None = None) -> None:
-        """stream_interval (SGLang's --stream-interval): a request's first token goes out at once, then its
+        """`pull`: the scheduler's Inbox; `push`: an Outbox or WorkerPushes (`send_pyobj`, `flush`,
+        `pending_bytes`). stream_interval (SGLang's --stream-interval): a request's first token goes out at once, then its
         tokens whenever `stream_interval` of them are waiting, and the rest with its finish. `trace`: the
         delivery-lag probe's hop marks (None: off)."""
         self.stream_interval = check_stream_interval(stream_interval)
@@ -90,11 +90,7 @@ class OnlineSource:
         if self._clock_offset_s is None:
             self._clock_offset_s = self.clock() - now_s
         new: list[Request] = []
-        while True:
-            try:
-                msg = self.pull.recv_pyobj(zmq.NOBLOCK)
-            except zmq.Again:
-                break
+        for msg in self.pull.drain():
             if isinstance(msg, TokenizedRequest):
                 req = self._admit(msg)
                 if req is not None:
@@ -106,6 +102,7 @@ class OnlineSource:
             elif isinstance(msg, ControlReq):
                 self._on_control(msg)
         self.flush()
+        self.push.flush()                                 # what a busy receiver left (usually nothing)
         return new
 
     def aborted_rids(self) -> list[str]:
@@ -116,7 +113,8 @@ class OnlineSource:
         self.flush()
         deadline = None if timeout_s is None else self.clock() + timeout_s
         while True:
-            slice_s = PARENT_CHECK_S if deadline is None else min(PARENT_CHECK_S, deadline - self.clock())
+            check_s = PARENT_CHECK_S if self.push.flush() else PENDING_FLUSH_S
+            slice_s = check_s if deadline is None else min(check_s, deadline - self.clock())
             if slice_s <= 0 or self.pull.poll(int(slice_s * 1000)):
                 return
             if self.parent_pid is not None and os.getppid() != self.parent_pid:

@@ -97,25 +97,23 @@ def write_records(requests, steps, out_dir: str | Path, wall_time_s: float, plot
 def run_scheduler(cfg_container: dict, addresses: Addresses, parent_pid: int) -> None:
     """Process entry: build, announce Ready, serve until shutdown, write the records, say goodbye. Outputs,
     control replies and Ready go to the detokenizer process, or (server.detokenizer=inline) to the workers."""
-    import zmq
-
     from runtime.build import build_core
     from runtime.driver import RealDriver
     from runtime.engine.build_runner import build_model_runner
     from runtime.server.hop_trace import HopTrace
-    from runtime.server.ipc import WorkerPushes, pull_socket, push_socket
+    from runtime.server.channel import Inbox, Outbox
+    from runtime.server.ipc import WorkerPushes
     from runtime.server.online_source import OnlineSource
     from runtime.server.process_utils import child_process_setup
     from runtime.server.tokenizer import load_tokenizer
 
     child_process_setup("twinserve-sched")
     cfg = OmegaConf.create(cfg_container)
-    ctx = zmq.Context()
-    pull = pull_socket(ctx, addresses.scheduler)
+    pull = Inbox(addresses.scheduler, busy_poll_s=float(cfg.server.busy_poll_s or 0.0))
     if cfg.server.detokenizer == "inline":     # no detokenizer process: outputs straight to their workers
-        push = WorkerPushes(ctx, addresses, int(cfg.server.tokenizer_workers))
+        push = WorkerPushes(addresses, int(cfg.server.tokenizer_workers))
     else:
-        push = push_socket(ctx, addresses.detokenizer)
+        push = Outbox(addresses.detokenizer)
     trace = HopTrace.from_env("scheduler")
     try:
         started = time.perf_counter()
@@ -145,5 +143,4 @@ def run_scheduler(cfg_container: dict, addresses: Addresses, parent_pid: int) ->
         if trace is not None:
             trace.flush()
         pull.close()
-        push.close(linger=2000)
-        ctx.term()
+        push.close(2000)

@@ -1,7 +1,7 @@
 """A tokenizer worker's side of the pipeline (SGLang's TokenizerManager): tokenizes and sends requests
 to the scheduler, receives their detokenized outputs (or, with server.detokenizer=inline, their token ids,
 which it decodes itself) and hands them to the waiting handlers, sends aborts and control requests. One per
-HTTP worker process; runs on its asyncio loop; imports zmq, never torch.
+HTTP worker process; runs on its asyncio loop; never imports torch.
 """
 from __future__ import annotations
 
@@ -11,15 +11,12 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Callable
 
-import zmq
-import zmq.asyncio
-
+from runtime.server.channel import AsyncInbox, AsyncOutbox, Inbox, Outbox
 from runtime.server.errors import APIError
 from runtime.server.hop_trace import HopTrace
 from runtime.server.input_processor import InputProcessor
 from runtime.server.ipc import (
     AbortReq, Addresses, BatchOutput, BatchText, ControlReply, ControlReq, Finish, SchedulerStats, TextOutput,
-    pull_socket, push_socket,
 )
 from runtime.server.protocol import GenerateInput
 from runtime.server.server_metrics import ServerMetrics
@@ -53,11 +50,11 @@ class ReqState:
 class TokenizerManager:
     def __init__(self, processor: InputProcessor, addresses: Addresses, metrics: ServerMetrics,
                  scheduler_alive: Callable[[], bool], trace: HopTrace | None = None, worker_id: int = 0,
-                 detokenizer: Detokenizer | None = None) -> None:
+                 detokenizer: Detokenizer | None = None, busy_poll_s: float = 0.0) -> None:
         """`trace`: the delivery-lag probe's hop marks (None: off). `worker_id`: this worker's (0: the one
         HTTP process), carried with every message so that outputs and replies come back here. `detokenizer`:
         server.detokenizer=inline, this worker decodes the token ids the scheduler sends it (None: the
-        detokenizer process sends text)."""
+        detokenizer process sends text). `busy_poll_s`: server.busy_poll_s, for the Inbox this worker binds."""
         self.processor = processor
         self.detokenizer = detokenizer
         self.trace = trace
@@ -70,22 +67,27 @@ class TokenizerManager:
         self.dead = False
         self._controls: dict[int, asyncio.Future] = {}
         self._control_ids = itertools.count()
-        self._ctx = zmq.asyncio.Context()
-        self._push = push_socket(self._ctx, addresses.scheduler)
-        self._pull = None
+        self.busy_poll_s = busy_poll_s
+        self._outbox = Outbox(addresses.scheduler)
+        self._push: AsyncOutbox | None = None
+        self._pull: AsyncInbox | None = None
         self._tasks: list[asyncio.Task] = []
 
-    def start(self, pull_socket_sync=None) -> None:
-        """Start receiving on the event loop. `pull_socket_sync`: the HTTP PULL socket bound at launch
-        (it already received Ready); it is re-wrapped for asyncio. Without it, this worker's is bound."""
-        self._pull = zmq.asyncio.Socket.from_socket(pull_socket_sync) if pull_socket_sync is not None \
-            else pull_socket(self._ctx, self.addresses.worker(self.worker_id))
+    def start(self, inbox: Inbox | None = None) -> None:
+        """Start sending and receiving on the running event loop. `inbox`: the launcher's, bound at launch
+        (it already received Ready); without it, this worker's is bound."""
+        self._push = AsyncOutbox(self._outbox)
+        self._pull = AsyncInbox(inbox if inbox is not None
+                                else Inbox(self.addresses.worker(self.worker_id), busy_poll_s=self.busy_poll_s))
         self._tasks = [asyncio.create_task(self._recv_loop()), asyncio.create_task(self._watch_scheduler())]
 
     async def close(self) -> None:
         for task in self._tasks:
             task.cancel()
-        self._push.close(linger=1000)
+        if self._pull is not None:
+            self._pull.close()
+        if self._push is not None:
+            self._push.close(1000)
         if self.trace is not None:
             self.trace.flush()
 

@@ -1,7 +1,7 @@
 """Several HTTP + tokenizer workers (server.tokenizer_workers = N > 1): the launcher binds one listening
 socket, starts N worker processes that all accept on it, and supervises them; on SIGINT/SIGTERM the
 workers drain (server.graceful_shutdown_s), then the launcher shuts the scheduler down and takes its
-records. Imports zmq only inside its functions; no torch.
+records. No torch.
 """
 from __future__ import annotations
 
@@ -84,12 +84,10 @@ def shutdown_scheduler(addresses, http_pull, scheduler, timeout_s: float = 60.0)
     """Ask the scheduler to abort what is left and write its records; its reply, or None."""
     import time
 
-    import zmq
+    from runtime.server.channel import Outbox
+    from runtime.server.ipc import ControlReply, ControlReq
 
-    from runtime.server.ipc import ControlReply, ControlReq, push_socket
-
-    ctx = zmq.Context()
-    push = push_socket(ctx, addresses.scheduler)
+    push = Outbox(addresses.scheduler)
     try:
         push.send_pyobj(ControlReq("shutdown", 0, {}, worker=0))
         deadline = time.monotonic() + timeout_s
@@ -101,5 +99,4 @@ def shutdown_scheduler(addresses, http_pull, scheduler, timeout_s: float = 60.0)
         print("twinserve: the scheduler gave no shutdown reply", flush=True)
         return None
     finally:
-        push.close(linger=1000)
-        ctx.term()
+        push.close(1000)

@@ -98,14 +98,12 @@ def test_inline_the_scheduler_splits_by_worker_and_each_worker_decodes_as_the_pr
     """server.detokenizer=inline: WorkerPushes sends each worker its outputs as one BatchOutput with the
     gauges (control replies and Ready by their worker); the worker's Detokenizer.route then gives the same
     messages, in the same order, as the detokenizer process gives that worker."""
-    import zmq
-
-    from runtime.server.ipc import Addresses, ControlReply, Ready, WorkerPushes, pull_socket
+    from runtime.server.channel import Inbox
+    from runtime.server.ipc import Addresses, ControlReply, Ready, WorkerPushes
 
     addresses = Addresses.in_dir(str(tmp_path))
-    ctx = zmq.Context()
-    pulls = {w: pull_socket(ctx, addresses.worker(w)) for w in (0, 1, 2)}
-    pushes = WorkerPushes(ctx, addresses, num_workers=2)
+    pulls = {w: Inbox(addresses.worker(w)) for w in (0, 1, 2)}
+    pushes = WorkerPushes(addresses, num_workers=2)
     x = TOK.encode("x", add_special_tokens=False)
     batch = BatchOutput([RequestOutput(f"n{w}", x, detok=DetokSpec([65]), worker=w) for w in (1, 2)]
                         + [RequestOutput(f"r{i}", x, detok=None, worker=1 + i % 2) for i in range(5)], "stats")
@@ -118,10 +116,9 @@ def test_inline_the_scheduler_splits_by_worker_and_each_worker_decodes_as_the_pr
             while pull.poll(2000 if not received[w] else 200):
                 received[w].append(pull.recv_pyobj())
     finally:
-        pushes.close(linger=0)
+        pushes.close(0)
         for pull in pulls.values():
             pull.close()
-        ctx.term()
     assert [type(m).__name__ for m in received[0]] == ["Ready"]
     assert [type(m).__name__ for m in received[1]] == ["BatchOutput"]
     assert [type(m).__name__ for m in received[2]] == ["BatchOutput", "ControlReply"]

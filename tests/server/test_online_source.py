@@ -1,26 +1,27 @@
 """The online RequestSource in the real driver loop, without HTTP or a model: requests, stop strings,
-aborts, control requests and shutdown over in-process ZMQ sockets. Torch-free and fast."""
+aborts, control requests and shutdown over the server's Unix-socket channels. Torch-free and fast."""
 from __future__ import annotations
 
+import shutil
+import tempfile
 import threading
 import time
 
 import pytest
 
-zmq = pytest.importorskip("zmq")
-
-from experiments.compose import compose_config  # noqa: E402
-from runtime.build import build_core  # noqa: E402
-from runtime.core.batch import StepResult  # noqa: E402
-from runtime.core.request import FinishReason, RequestStatus, SamplingParams  # noqa: E402
-from runtime.driver import RealDriver  # noqa: E402
-from runtime.engine.logprob_params import LogprobSamplingParams, TokenLogprobs  # noqa: E402
-from runtime.server.ipc import (  # noqa: E402
+from experiments.compose import compose_config
+from runtime.build import build_core
+from runtime.core.batch import StepResult
+from runtime.core.request import FinishReason, RequestStatus, SamplingParams
+from runtime.driver import RealDriver
+from runtime.engine.logprob_params import LogprobSamplingParams, TokenLogprobs
+from runtime.server.channel import Inbox, Outbox
+from runtime.server.ipc import (
     AbortReq, BatchOutput, ControlReply, ControlReq, DetokSpec, TokenizedRequest,
 )
-from runtime.server.online_source import OnlineSource  # noqa: E402
-from runtime.server.scheduler_process import SchedulerControl  # noqa: E402
-from runtime.server.tokenizer import ByteTokenizer  # noqa: E402
+from runtime.server.online_source import OnlineSource
+from runtime.server.scheduler_process import SchedulerControl
+from runtime.server.tokenizer import ByteTokenizer
 
 
 def letters(plan) -> StepResult:
@@ -32,17 +33,10 @@ class Harness:
     def __init__(self, tmp_path, execute=letters, stream_interval: int = 1):
         core = build_core(compose_config(["model=tiny_mla_moe", "hardware=cpu", "kv.capacity_tokens=4096"]))
         self.scheduler = core.scheduler
-        self.ctx = zmq.Context()
-        pull = self.ctx.socket(zmq.PULL)
-        pull.bind("inproc://scheduler")
-        push = self.ctx.socket(zmq.PUSH)
-        push.setsockopt(zmq.SNDHWM, 0)        # as the server's push sockets: the driver never blocks on a send
-        push.connect("inproc://out")
-        self.outputs = self.ctx.socket(zmq.PULL)
-        self.outputs.setsockopt(zmq.RCVHWM, 0)
-        self.outputs.bind("inproc://out")
-        self.send_socket = self.ctx.socket(zmq.PUSH)
-        self.send_socket.connect("inproc://scheduler")
+        pull = Inbox(str(tmp_path / "scheduler"))
+        self.outputs = Inbox(str(tmp_path / "out"))
+        push = Outbox(str(tmp_path / "out"))      # as the server's: the driver never blocks on a send
+        self.send_socket = Outbox(str(tmp_path / "scheduler"))
         control = SchedulerControl(self.scheduler, str(tmp_path), 0.0)
         control.source = self.source = OnlineSource(pull, push, self.scheduler, ByteTokenizer(512), control,
                                                           stream_interval=stream_interval)
@@ -73,7 +67,10 @@ class Harness:
         self.send(ControlReq("shutdown", 99))
         self.thread.join(20)
         assert not self.thread.is_alive()
-        self.ctx.destroy(linger=0)
+        self.send_socket.close(0)
+        self.source.push.close(0)
+        self.source.pull.close()
+        self.outputs.close()
 
 
 def outputs_of(msgs, rid):
@@ -175,12 +172,9 @@ class Bare:
     """An OnlineSource alone, driven by hand: admit requests, give them tokens, read what it sends."""
 
     def __init__(self, stops=()):
-        self.ctx = zmq.Context()
-        self.pull, push, self.sink, self.sender = (self.ctx.socket(k) for k in (zmq.PULL, zmq.PUSH, zmq.PULL, zmq.PUSH))
-        self.pull.bind("inproc://in")
-        self.sink.bind("inproc://out")
-        push.connect("inproc://out")
-        self.sender.connect("inproc://in")
+        self.dir = tempfile.mkdtemp(prefix="twinserve-test-")
+        self.pull, self.sink = Inbox(f"{self.dir}/in"), Inbox(f"{self.dir}/out")
+        push, self.sender = Outbox(f"{self.dir}/out"), Outbox(f"{self.dir}/in")
         core = build_core(compose_config(["model=tiny_mla_moe", "hardware=cpu", "kv.capacity_tokens=4096"]))
         self.source = OnlineSource(self.pull, push, core.scheduler, ByteTokenizer(512), control=None)
         self.stops = tuple(stops)
@@ -205,7 +199,11 @@ class Bare:
         return out
 
     def close(self):
-        self.ctx.destroy(linger=0)
+        for box in (self.sender, self.source.push):
+            box.close(0)
+        self.pull.close()
+        self.sink.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 @pytest.fixture
