@@ -81,6 +81,8 @@ class Inbox:
         return self._ready.popleft() if self._ready else None
 
     def close(self) -> None:
+        if self._listener.fileno() < 0:
+            return                                         # closed already
         for sock in list(self._buffers):
             self._drop(sock)
         self._selector.close()
@@ -259,7 +261,8 @@ class AsyncInbox:
                 self._waiter = None
 
     def close(self) -> None:
-        self._loop.remove_reader(self.inbox.fileno())
+        if self.inbox._listener.fileno() >= 0:
+            self._loop.remove_reader(self.inbox.fileno())
         if self._spinner is not None:
             self._spinner.cancel()
         self.inbox.close()

@@ -67,7 +67,8 @@ def build_server(cfg, model, ready, frontend: Frontend, on_startup, on_shutdown,
                    "tokenizer_path": cfg.tokenizer.path, "policy": OmegaConf.to_container(cfg.policy),
                    "scheduler_config": OmegaConf.to_container(cfg.scheduler), "overlap": bool(cfg.overlap),
                    "output_dir": str(cfg.output_dir), "tokenizer_workers": num_workers,
-                   "tokenizer_worker_id": frontend.manager.worker_id}
+                   "tokenizer_worker_id": frontend.manager.worker_id,
+                   "detokenizer": cfg.server.detokenizer, "busy_poll_s": cfg.server.busy_poll_s}
     app = create_app(frontend.manager, frontend.metrics, frontend.name, frontend.limits, server_args, on_startup,
                      on_shutdown)
     loop, http = event_loop_and_http_parser()

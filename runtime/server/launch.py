@@ -41,9 +41,8 @@ def run_serve(cfg: DictConfig) -> None:
     check_stream_interval(int(cfg.server.stream_interval))       # before any process starts
     num_workers = check_tokenizer_workers(int(cfg.server.tokenizer_workers))
     detokenizer = check_detokenizer(cfg.server.detokenizer)
-    busy_poll_s = resolve_busy_poll_s(cfg.server.busy_poll_s)
+    busy_poll_s = cfg.server.busy_poll_s = resolve_busy_poll_s(cfg.server.busy_poll_s)   # every process alike
     container = OmegaConf.to_container(cfg, resolve=True)       # Hydra's run dir resolves only here
-    container["server"]["busy_poll_s"] = busy_poll_s            # every process spins alike
     model = instantiate(cfg.model)
     ipc_dir = tempfile.mkdtemp(prefix="twinserve-")
     addresses = Addresses.in_dir(ipc_dir)

@@ -158,3 +158,13 @@ def test_busy_poll_auto_spins_only_where_cores_are_plenty():
     assert resolve_busy_poll_s(0.25, cpu_count=2) == 0.25
     with pytest.raises(ValueError, match="busy_poll_s=-1"):
         resolve_busy_poll_s(-1.0)
+
+
+def test_closing_twice_is_harmless(tmp_path):
+    async def main():
+        inbox = AsyncInbox(Inbox(str(tmp_path / "twice")))
+        inbox.close()
+        inbox.close()
+        inbox.inbox.close()
+
+    asyncio.run(main())
