@@ -4,7 +4,8 @@ with experiments/bench_serving.py, and joins the marks with the client's token t
 clock on one host). Hops: step_end (the recorded token time, what the server's TTFT and ITL use) ->
 sched_out (the scheduler has the output) -> sched_send -> detok_recv -> detok_send -> http_recv (the
 HTTP process has it) -> handler (the stream's handler woke) -> written (the SSE chunk was written) ->
-client; intake: client_sent -> http_arrival (the server's clock starts) -> http_sent -> sched_recv.
+client; intake: client_sent -> http_entry (the request enters the ASGI app: uvicorn has parsed its headers)
+-> http_arrival (routed, read and validated; the server's clock starts) -> http_sent -> sched_recv.
 The *_send / *_sent marks are taken as a message is handed to its channel (pickling and the transfer count in
 the next hop): on a busy host a mark taken after the send can come after the receiver's.
 
@@ -27,7 +28,7 @@ import pandas as pd
 
 OUTPUT_HOPS = ("step_end", "sched_out", "sched_send", "detok_recv", "detok_send", "http_recv", "handler", "written",
                "client")
-INTAKE_HOPS = ("client_sent", "http_arrival", "http_sent", "sched_recv")
+INTAKE_HOPS = ("client_sent", "http_entry", "http_arrival", "http_sent", "sched_recv")
 WINDOW_S = 5.0
 
 

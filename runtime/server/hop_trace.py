@@ -5,11 +5,28 @@ environment names a directory in TWINSERVE_HOP_TRACE; then every server process 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable
+from contextvars import ContextVar
 
 ENV_VAR = "TWINSERVE_HOP_TRACE"
 FLUSH_ROWS = 8192
 HEADER = "hop,rid,token_index,num_tokens,t_s\n"
+REQUEST_ENTRY_S: ContextVar[float | None] = ContextVar("twinserve_request_entry_s", default=None)
+
+
+class EntryMark:
+    """An ASGI app in front of `app` that notes when each HTTP request entered the application (uvicorn has
+    parsed its headers; routing, body and validation come after) in REQUEST_ENTRY_S, which the handler's
+    task inherits: the tokenizer manager marks it as hop `http_entry` once the request has its rid."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            REQUEST_ENTRY_S.set(time.perf_counter())
+        await self.app(scope, receive, send)
 
 
 class HopTrace:

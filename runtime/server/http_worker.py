@@ -71,6 +71,10 @@ def build_server(cfg, model, ready, frontend: Frontend, on_startup, on_shutdown,
                    "detokenizer": cfg.server.detokenizer, "busy_poll_s": cfg.server.busy_poll_s}
     app = create_app(frontend.manager, frontend.metrics, frontend.name, frontend.limits, server_args, on_startup,
                      on_shutdown)
+    if frontend.manager.trace is not None:          # the delivery-lag probe: when each request enters the app
+        from runtime.server.hop_trace import EntryMark
+
+        app = EntryMark(app)
     loop, http = event_loop_and_http_parser()
     return uvicorn.Server(uvicorn.Config(app, host=cfg.server.host, port=int(cfg.server.port), log_level="warning",
                                          access_log=False, loop=loop, http=http,

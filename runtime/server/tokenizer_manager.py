@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable
 
 from runtime.server.channel import AsyncInbox, AsyncOutbox, Inbox, Outbox
 from runtime.server.errors import APIError
-from runtime.server.hop_trace import HopTrace
+from runtime.server.hop_trace import REQUEST_ENTRY_S, HopTrace
 from runtime.server.input_processor import InputProcessor
 from runtime.server.ipc import (
     AbortReq, Addresses, BatchOutput, BatchText, ControlReply, ControlReq, Finish, SchedulerStats, TextOutput,
@@ -105,6 +105,9 @@ class TokenizerManager:
         tokenized.worker = self.worker_id
         state = self.states[rid] = ReqState(rid, arrival, len(tokenized.input_ids))
         if self.trace is not None:                         # marked as handed over (a mark after it can lag)
+            entry_s = REQUEST_ENTRY_S.get()
+            if entry_s is not None:
+                self.trace.mark("http_entry", rid, entry_s)
             self.trace.mark("http_arrival", rid, arrival)
             self.trace.mark("http_sent", rid, time.perf_counter())
         self._push.send_pyobj(tokenized)

@@ -33,3 +33,26 @@ def test_marks_count_token_indices_and_the_probe_joins_them(tmp_path):
     assert abs(table["first_token"]["sched_send->http_recv"]["p50"] - 2.0) < 1e-6
     assert abs(table["later_tokens"]["sched_send->http_recv"]["p50"] - 2.0) < 1e-6
     assert abs(table["intake"]["http_arrival->sched_recv"]["p50"] - 1.0) < 1e-6
+
+
+def test_entry_mark_hands_the_request_entry_time_to_the_handlers_context():
+    import asyncio
+    import time
+
+    from runtime.server.hop_trace import REQUEST_ENTRY_S, EntryMark
+
+    seen = []
+
+    async def app(scope, receive, send):
+        await asyncio.sleep(0)
+        seen.append(REQUEST_ENTRY_S.get())
+
+    async def main():
+        before = time.perf_counter()
+        await asyncio.create_task(EntryMark(app)({"type": "http"}, None, None))   # each in its task, as uvicorn
+        await asyncio.create_task(EntryMark(app)({"type": "lifespan"}, None, None))   # not a request: none
+        return before
+
+    before = asyncio.run(main())
+    assert seen[0] is not None and before <= seen[0] <= time.perf_counter()
+    assert seen[1] is None
