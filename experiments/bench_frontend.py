@@ -83,6 +83,7 @@ def http_process(addresses, port: int) -> None:
     import uvicorn
 
     from runtime.server.channel import Inbox
+    from runtime.server.hop_trace import EntryMark, HopTrace
     from runtime.server.http_app import create_app
     from runtime.server.input_processor import InputProcessor, ModelLimits
     from runtime.server.launch import event_loop_and_http_parser
@@ -94,12 +95,19 @@ def http_process(addresses, port: int) -> None:
     ready = pull.recv_pyobj()
     limits = ModelLimits(ready.max_context_tokens, ready.kv_capacity_tokens, VOCAB, ())
     metrics = ServerMetrics("fake")
-    manager = TokenizerManager(InputProcessor(ByteTokenizer(VOCAB), limits), addresses, metrics, lambda: True)
+    trace = HopTrace.from_env("http")          # TWINSERVE_HOP_TRACE=DIR: the delivery-lag probe's marks
+    manager = TokenizerManager(InputProcessor(ByteTokenizer(VOCAB), limits), addresses, metrics, lambda: True,
+                               trace=trace)
 
     async def on_startup() -> None:
         manager.start(pull)
 
-    app = create_app(manager, metrics, "fake", limits, {}, on_startup)
+    async def on_shutdown() -> None:
+        await manager.close()                 # writes the trace's last rows
+
+    app = create_app(manager, metrics, "fake", limits, {}, on_startup, on_shutdown)
+    if trace is not None:
+        app = EntryMark(app)
     loop, http = event_loop_and_http_parser()
     uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
                                   loop=loop, http=http)).run()
