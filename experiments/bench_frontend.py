@@ -8,7 +8,10 @@ and the client.
 
 Reports the front end's TTFT overhead per request (the client's TTFT minus the fake scheduler's own time
 from receiving the request to emitting its first token), ITL against the step, and the HTTP process's CPU
-time per streamed token; writes them to OUT/frontend.json next to bench_serving's records.
+time per streamed token; writes them to OUT/frontend.json next to bench_serving's records. With
+TWINSERVE_HOP_TRACE=DIR (a new, empty directory) the HTTP process marks each request's way in, and
+frontend.json gains `intake_ms`: from the ASGI app's entry to the request's submission and hand-off (p50 /
+mean / p90 ms; `experiments/serving_hops.py` names the hops).
 """
 from __future__ import annotations
 
@@ -125,6 +128,7 @@ def cpu_seconds(pid: int) -> float | None:
 def main(argv: list[str] | None = None) -> dict:
     from experiments import bench_serving
     from runtime.records_io import read_run
+    from runtime.server.hop_trace import ENV_VAR as HOP_TRACE_ENV
     from runtime.server.ipc import Addresses
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -194,6 +198,12 @@ def main(argv: list[str] | None = None) -> dict:
         "http_cpu_us_per_token": (1e6 * (cpu_after - cpu_before) / tokens
                                   if cpu_before is not None and cpu_after is not None and tokens else None),
     }
+    trace_dir = os.environ.get(HOP_TRACE_ENV)
+    if trace_dir:                                    # the request's way in, hop by hop (the probe's marks)
+        from experiments.serving_hops import INTAKE_HOPS, hop_table, read_marks
+
+        marks = read_marks(Path(trace_dir))
+        result["intake_ms"] = hop_table(marks[marks["hop"].isin(INTAKE_HOPS)])["intake"]
     (out / "frontend.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
     return result

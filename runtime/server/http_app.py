@@ -48,6 +48,7 @@ def create_app(manager: TokenizerManager, metrics: ServerMetrics, model_name: st
     app = FastAPI(title="twinserve", lifespan=lifespan, docs_url=None, redoc_url=None, **without_telemetry())
     app.state.manager, app.state.metrics, app.state.model_name = manager, metrics, model_name
     app.state.limits, app.state.server_args, app.state.created = limits, server_args, int(time.time())
+    app.router.routes.extend(openai_api.ROUTES + native_api.ROUTES)      # the generation endpoints
     for router in (openai_api.router, native_api.router, control_api.router):
         app.include_router(router)
 

@@ -10,6 +10,7 @@ from contextlib import aclosing
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
 
 from runtime.server.ipc import Finish, PositionLogprobs, TextOutput
 from runtime.server.logprob_format import native_logprobs
@@ -55,7 +56,6 @@ class _Accumulated:
         return {"text": self.text, "output_ids": list(self.ids), "meta_info": meta}
 
 
-@router.post("/generate")
 async def generate(http: Request):
     req = await parse(http, GenerateRequest)
     manager: TokenizerManager = http.app.state.manager
@@ -94,6 +94,9 @@ async def _batch_stream(streams: list[AsyncIterator[str]]) -> AsyncIterator[str]
         async for event in events:
             yield event
     yield sse("[DONE]")
+
+
+ROUTES = [Route("/generate", generate, methods=["POST"])]     # a plain Starlette route, as openai_api.ROUTES
 
 
 @router.post("/abort_request")
