@@ -75,8 +75,9 @@ class _Strict(BaseModel):
     def _reject_unsupported(self, names: dict[str, Any]) -> None:
         """400 for a field set to something this server cannot honour ({name: accepted value})."""
         extra = self.model_extra or {}
+        fields = type(self).model_fields                 # a class property: looked up once, not per name
         for name, accepted in names.items():
-            value = getattr(self, name, None) if name in type(self).model_fields else extra.get(name)
+            value = getattr(self, name, None) if name in fields else extra.get(name)
             if value not in (None, accepted) and not (isinstance(accepted, tuple) and value in accepted):
                 raise APIError(f"{name}={value!r} is not supported by this server", param=name, code="unsupported")
 
