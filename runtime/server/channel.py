@@ -11,6 +11,7 @@ pickle. Stdlib only; no torch.
 from __future__ import annotations
 
 import asyncio
+import os
 import pickle
 import select
 import selectors
@@ -23,6 +24,7 @@ from collections.abc import Iterator
 FRAME = struct.Struct("<Q")
 READ_CHUNK_BYTES = 1 << 20
 LISTEN_BACKLOG = 128
+MAX_PATH_BYTES = 107                 # sockaddr_un's sun_path holds 108 bytes with its terminating NUL
 
 
 class Inbox:
@@ -31,6 +33,9 @@ class Inbox:
     0: never spins). Callers use `poll`, `drain`, `recv_pyobj`, `fileno` and `close`."""
 
     def __init__(self, path: str, busy_poll_s: float = 0.0) -> None:
+        if len(os.fsencode(path)) > MAX_PATH_BYTES:
+            raise ValueError(f"socket path {path!r} is longer than the {MAX_PATH_BYTES} bytes a Unix socket takes: "
+                             f"set TMPDIR to a shorter directory")
         self.path = path
         self.busy_poll_s = float(busy_poll_s)
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -168,3 +168,8 @@ def test_closing_twice_is_harmless(tmp_path):
         inbox.inbox.close()
 
     asyncio.run(main())
+
+
+def test_a_path_too_long_for_a_unix_socket_is_refused_with_the_fix(tmp_path):
+    with pytest.raises(ValueError, match="TMPDIR"):
+        Inbox(str(tmp_path / ("x" * 120)))
