@@ -218,11 +218,18 @@ BUSY_POLL_AUTO_MIN_CORES = 8       # busy polling costs a core per receiving pro
 BUSY_POLL_AUTO_S = 0.1             # longer than a step: a receiver serving requests never sleeps between steps
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask where the OS has one, else all of them)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def resolve_busy_poll_s(value: float | None, cpu_count: int | None = None) -> float:
     """server.busy_poll_s: how long a receiving process spins after its last message before it sleeps in
-    the kernel; null = BUSY_POLL_AUTO_S on a machine of at least BUSY_POLL_AUTO_MIN_CORES cores, else 0."""
+    the kernel; null = BUSY_POLL_AUTO_S where at least BUSY_POLL_AUTO_MIN_CORES cores are usable, else 0."""
     if value is None:
-        cores = os.cpu_count() if cpu_count is None else cpu_count
+        cores = usable_cores() if cpu_count is None else cpu_count
         return BUSY_POLL_AUTO_S if (cores or 1) >= BUSY_POLL_AUTO_MIN_CORES else 0.0
     if value < 0:
         raise ValueError(f"server.busy_poll_s={value}: must be >= 0 (seconds; null = auto)")
