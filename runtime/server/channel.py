@@ -20,11 +20,13 @@ import struct
 import time
 from collections import deque
 from collections.abc import Iterator
+from itertools import islice
 
 FRAME = struct.Struct("<Q")
 READ_CHUNK_BYTES = 1 << 20
 LISTEN_BACKLOG = 128
-MAX_PATH_BYTES = 107                 # sockaddr_un's sun_path holds 108 bytes with its terminating NUL
+MAX_FRAMES_PER_SEND = 64          # buffers handed to one sendmsg (a backlog is written a slice at a time)
+MAX_PATH_BYTES = 107              # sockaddr_un's sun_path holds 108 bytes with its terminating NUL
 
 
 class Inbox:
@@ -193,7 +195,7 @@ class Outbox:
             return False
         while self._pending:
             try:
-                sent = self._sock.sendmsg(list(self._pending)[:64])
+                sent = self._sock.sendmsg(list(islice(self._pending, MAX_FRAMES_PER_SEND)))
             except (BlockingIOError, InterruptedError):
                 return False
             except (BrokenPipeError, ConnectionResetError):
