@@ -32,7 +32,8 @@ MAX_PATH_BYTES = 107              # sockaddr_un's sun_path holds 108 bytes with 
 class Inbox:
     """The receiving end, bound to `path`. `busy_poll_s`: for this long after its last message a wait
     spins on the sockets instead of sleeping in the kernel (a sleeping process takes 0.1-0.3 ms to wake;
-    0: never spins). Callers use `poll`, `drain`, `recv_pyobj`, `fileno` and `close`."""
+    0: never spins). Callers use `poll`, `drain`, `recv_pyobj`, `try_recv`, `pump`, `fileno`, `closed`
+    and `close`."""
 
     def __init__(self, path: str, busy_poll_s: float = 0.0) -> None:
         if len(os.fsencode(path)) > MAX_PATH_BYTES:
@@ -70,9 +71,18 @@ class Inbox:
             if deadline is not None and time.monotonic() >= deadline:
                 return False
 
+    @property
+    def closed(self) -> bool:
+        return self._listener.fileno() < 0
+
+    def pump(self) -> bool:
+        """Take in what has arrived, without waiting; whether a message is ready."""
+        self._pump(0.0)
+        return bool(self._ready)
+
     def drain(self) -> Iterator:
         """Every message ready now, without waiting."""
-        self._pump(0.0)
+        self.pump()
         while self._ready:
             yield self._ready.popleft()
 
@@ -83,13 +93,11 @@ class Inbox:
 
     def try_recv(self):
         """The next message if one is ready now, else `None`."""
-        if not self._ready:
-            self._pump(0.0)
-        return self._ready.popleft() if self._ready else None
+        return self._ready.popleft() if self._ready or self.pump() else None
 
     def close(self) -> None:
-        if self._listener.fileno() < 0:
-            return                                         # closed already
+        if self.closed:
+            return
         for sock in list(self._buffers):
             self._drop(sock)
         self._selector.close()
@@ -251,9 +259,9 @@ class AsyncInbox:
         self.inbox = inbox
         self._loop = asyncio.get_running_loop()
         self._waiter: asyncio.Future | None = None
+        self._traffic = asyncio.Event()
         self._loop.add_reader(inbox.fileno(), self._on_readable)
         self._spinner = self._loop.create_task(self._spin()) if inbox.busy_poll_s > 0 else None
-        self._traffic = asyncio.Event()
 
     async def recv_pyobj(self):
         while True:
@@ -268,15 +276,14 @@ class AsyncInbox:
                 self._waiter = None
 
     def close(self) -> None:
-        if self.inbox._listener.fileno() >= 0:
+        if not self.inbox.closed:
             self._loop.remove_reader(self.inbox.fileno())
         if self._spinner is not None:
             self._spinner.cancel()
         self.inbox.close()
 
     def _on_readable(self) -> None:
-        self.inbox._pump(0.0)
-        if self.inbox._ready and self._waiter is not None and not self._waiter.done():
+        if self.inbox.pump() and self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
     async def _spin(self) -> None:

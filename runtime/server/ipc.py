@@ -257,10 +257,6 @@ class WorkerPushes:
         else:
             self.send_to(getattr(msg, "worker", 0), msg)
 
-    @property
-    def pending_bytes(self) -> int:
-        return sum(push.pending_bytes for push in self._pushes.values())
-
     def flush(self) -> bool:
         """Write what the sockets take now; True when nothing is left."""
         return all([push.flush() for push in self._pushes.values()])

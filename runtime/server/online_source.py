@@ -1,7 +1,7 @@
 """The scheduler process's RequestSource for an online front end: requests, aborts and control
-messages arrive over Unix sockets (`channel.py`) from the HTTP process; new tokens and finishes leave for the detokenizer as
-soon as a step's are known (one message, two when the step finishes requests). Stop strings are checked
-here, on decoded text, so that a request ends as soon as one appears. Torch-free.
+messages arrive over Unix sockets (`channel.py`) from the HTTP process; new tokens and finishes leave for
+the detokenizer as soon as a step's are known (one message, two when the step finishes requests). Stop
+strings are checked here, on decoded text, so that a request ends as soon as one appears. Torch-free.
 """
 from __future__ import annotations
 
@@ -62,8 +62,8 @@ class OnlineSource:
                  control: Callable[[ControlReq], ControlReply], parent_pid: int | None = None,
                  clock: Callable[[], float] = time.perf_counter, stream_interval: int = 1,
                  trace: HopTrace | None = None) -> None:
-        """`pull`: the scheduler's Inbox; `push`: an Outbox or WorkerPushes (`send_pyobj`, `flush`,
-        `pending_bytes`). stream_interval (SGLang's --stream-interval): a request's first token goes out at once, then its
+        """`pull`: the scheduler's Inbox; `push`: an Outbox or WorkerPushes (`send_pyobj`, `flush`).
+        stream_interval (SGLang's --stream-interval): a request's first token goes out at once, then its
         tokens whenever `stream_interval` of them are waiting, and the rest with its finish. `trace`: the
         delivery-lag probe's hop marks (None: off)."""
         self.stream_interval = check_stream_interval(stream_interval)
