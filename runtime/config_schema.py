@@ -87,6 +87,8 @@ class ServerSchema:
                                                # the port (1: HTTP in the launcher's process, as before)
     detokenizer: str = "process"               # process: a detokenizer process turns token ids into text | inline:
                                                # none, the scheduler sends token ids to the HTTP workers, which decode
+    first_outputs_direct: bool = True          # with detokenizer=process: requests' first outputs also go straight
+                                               # to their HTTP worker, which decodes them (a hop less to first token)
     busy_poll_s: Optional[float] = None        # a receiving process (detokenizer, HTTP workers, an idle scheduler)
                                                # spins this long after its last message instead of sleeping (a
                                                # wake-up costs 0.1-0.3 ms per hop); null = 0.1 s on machines of

@@ -1,6 +1,7 @@
 """The detokenizer process: token ids from the scheduler in, text deltas out to the tokenizer worker that
 owns each request (SGLang's DetokenizerManager), so that decoding text never sits on the scheduler's
-critical path (server.detokenizer=process). With server.detokenizer=inline the same `Detokenizer` runs in
+critical path (server.detokenizer=process; with server.first_outputs_direct each worker decodes requests' first
+outputs itself, `Detokenizer.first_outputs`). With server.detokenizer=inline the same `Detokenizer` runs in
 each tokenizer worker instead, on the outputs the scheduler sends it (`TokenizerManager`). Imports neither
 torch nor the model.
 """
@@ -41,8 +42,16 @@ class Detokenizer:
         starts with requests' first outputs (the scheduler puts them first) and has others, the first
         outputs go before the rest is decoded (time to first token waits on them); then each worker's
         outputs, at most MAX_OUTPUTS_PER_MESSAGE a message, so that a worker writes the first streams'
-        chunks while the later ones are decoded. The scheduler's gauges ride with each worker's last."""
+        chunks while the later ones are decoded. The scheduler's gauges ride with each worker's last. The
+        `batch.delivered` leading outputs, which their workers have had from the scheduler, are decoded (the
+        text state goes on from them) and not sent."""
         outs = batch.outputs
+        if batch.delivered:
+            for out in outs[:batch.delivered]:
+                self._one(out)
+            outs = outs[batch.delivered:]
+            if not outs:
+                return
         num_first = next((i for i, out in enumerate(outs) if out.detok is None), len(outs))
         parts = [outs] if num_first in (0, len(outs)) else [outs[:num_first], outs[num_first:]]
         for k, part in enumerate(parts):
@@ -51,6 +60,15 @@ class Detokenizer:
                     end = start + MAX_OUTPUTS_PER_MESSAGE
                     stats = batch.stats if k == len(parts) - 1 and end >= len(mine) else None
                     yield worker, BatchText([self._one(out) for out in mine[start:end]], stats)
+
+    def first_outputs(self, batch: BatchOutput) -> BatchText:
+        """Requests' first outputs (server.first_outputs_direct, in their worker): decoded as `route` decodes
+        them, keeping no state (the detokenizer process decodes the requests' later outputs)."""
+        texts = []
+        for out in batch.outputs:
+            texts.append(self._one(out))
+            self._states.pop((out.worker, out.rid), None)
+        return BatchText(texts, batch.stats)
 
     def _one(self, out: RequestOutput) -> TextOutput:
         key = (out.worker, out.rid)
@@ -95,8 +113,8 @@ def run_detokenizer(addresses: Addresses, tokenizer_path: str | None, vocab_size
                     return
                 continue
             msg = pull.recv_pyobj()
-            if trace is not None and isinstance(msg, BatchOutput):
-                trace.mark_outputs("detok_recv", msg.outputs, time.perf_counter())
+            if trace is not None and isinstance(msg, BatchOutput):      # what it sends on
+                trace.mark_outputs("detok_recv", msg.outputs[msg.delivered:], time.perf_counter())
             if not isinstance(msg, BatchOutput):           # a control reply, Ready: to its worker
                 pushes.send_pyobj(msg)
             else:

@@ -48,10 +48,13 @@ def build_frontend(cfg, model, addresses, ready, worker_id: int, scheduler_alive
     metrics = ServerMetrics(name, multiprocess=multiprocess_metrics)
     tokenizer = load_tokenizer(cfg.tokenizer.path, model.vocab_size)
     processor = InputProcessor(tokenizer, limits)
-    detokenizer = Detokenizer(tokenizer) if cfg.server.detokenizer == "inline" else None   # decodes here
+    inline = cfg.server.detokenizer == "inline"
+    detokenizer = Detokenizer(tokenizer) if inline else None                               # decodes here
+    first_decoder = Detokenizer(tokenizer) if not inline and cfg.server.first_outputs_direct else None
     manager = TokenizerManager(processor, addresses, metrics, scheduler_alive=scheduler_alive,
                                trace=HopTrace.from_env(f"http{worker_id}"), worker_id=worker_id,
-                               detokenizer=detokenizer, busy_poll_s=float(cfg.server.busy_poll_s or 0.0))
+                               detokenizer=detokenizer, busy_poll_s=float(cfg.server.busy_poll_s or 0.0),
+                               first_decoder=first_decoder)
     return Frontend(manager, metrics, name, limits)
 
 
@@ -68,7 +71,8 @@ def build_server(cfg, model, ready, frontend: Frontend, on_startup, on_shutdown,
                    "scheduler_config": OmegaConf.to_container(cfg.scheduler), "overlap": bool(cfg.overlap),
                    "output_dir": str(cfg.output_dir), "tokenizer_workers": num_workers,
                    "tokenizer_worker_id": frontend.manager.worker_id,
-                   "detokenizer": cfg.server.detokenizer, "busy_poll_s": cfg.server.busy_poll_s}
+                   "detokenizer": cfg.server.detokenizer, "first_outputs_direct": cfg.server.first_outputs_direct,
+                   "busy_poll_s": cfg.server.busy_poll_s}
     app = create_app(frontend.manager, frontend.metrics, frontend.name, frontend.limits, server_args, on_startup,
                      on_shutdown)
     if frontend.manager.trace is not None:          # the delivery-lag probe: when each request enters the app

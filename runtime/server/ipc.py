@@ -2,9 +2,10 @@
 
 HTTP + tokenizer worker(s) --TokenizedRequest/AbortReq/ControlReq--> scheduler --BatchOutput--> detokenizer
 --BatchText--> the worker that sent the request. Control replies travel the same way back to the worker
-that asked, after every output sent before them. With server.detokenizer=inline there is no detokenizer
-process: the scheduler sends each worker its share of a BatchOutput (`WorkerPushes`), and the worker decodes
-it. Torch-free.
+that asked, after every output sent before them. With server.first_outputs_direct the scheduler also sends
+requests' first outputs straight to their workers, which decode them (the detokenizer decodes them too but
+does not send them). With server.detokenizer=inline there is no detokenizer process: the scheduler sends each
+worker its share of a BatchOutput (`WorkerPushes`), and the worker decodes it. Torch-free.
 """
 from __future__ import annotations
 
@@ -170,9 +171,9 @@ class TextOutput(NamedTuple):
     prompt_logprobs: Optional[list[PositionLogprobs]] = None   # on the first output, when asked
 
 
-def _unpack(cls, rows: list[tuple], stats: Optional[SchedulerStats]):
+def _unpack(cls, rows: list[tuple], stats: Optional[SchedulerStats], *extra):
     new = tuple.__new__
-    return cls([new(cls.row_type, row) for row in rows], stats)
+    return cls([new(cls.row_type, row) for row in rows], stats, *extra)
 
 
 class _Batch:
@@ -192,9 +193,19 @@ class _Batch:
 
 
 class BatchOutput(_Batch):
-    """Scheduler -> detokenizer: one driver iteration's RequestOutputs (new requests' first)."""
+    """Scheduler -> detokenizer: one driver iteration's RequestOutputs (new requests' first). `delivered`:
+    how many of the leading (first) outputs the scheduler also sent straight to their workers
+    (server.first_outputs_direct): the detokenizer decodes them, so that its text state goes on from them,
+    but does not send them again."""
 
     row_type = RequestOutput
+
+    def __init__(self, outputs: list, stats: Optional[SchedulerStats] = None, delivered: int = 0) -> None:
+        super().__init__(outputs, stats)
+        self.delivered = delivered
+
+    def __reduce__(self):
+        return _unpack, (type(self), [tuple(o) for o in self.outputs], self.stats, self.delivered)
 
 
 class BatchText(_Batch):

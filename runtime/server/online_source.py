@@ -1,6 +1,7 @@
 """The scheduler process's RequestSource for an online front end: requests, aborts and control
 messages arrive over Unix sockets (`channel.py`) from the HTTP process; new tokens and finishes leave for
-the detokenizer as soon as a step's are known (one message, two when the step finishes requests). Stop
+the detokenizer as soon as a step's are known (one message, two when the step finishes requests; requests'
+first outputs also straight to their HTTP workers with server.first_outputs_direct). Stop
 strings are checked here, on decoded text, so that a request ends as soon as one appears. Torch-free.
 """
 from __future__ import annotations
@@ -61,13 +62,16 @@ class OnlineSource:
     def __init__(self, pull, push, scheduler: Scheduler, tokenizer: Tokenizer,
                  control: Callable[[ControlReq], ControlReply], parent_pid: int | None = None,
                  clock: Callable[[], float] = time.perf_counter, stream_interval: int = 1,
-                 trace: HopTrace | None = None) -> None:
+                 trace: HopTrace | None = None, direct=None) -> None:
         """`pull`: the scheduler's Inbox; `push`: an Outbox or WorkerPushes (`send_pyobj`, `flush`).
+        `direct`: WorkerPushes that requests' first outputs also go to, ahead of `push` (the detokenizer
+        process, told how many of a message's outputs their workers have had); None: everything to `push`.
         stream_interval (SGLang's --stream-interval): a request's first token goes out at once, then its
         tokens whenever `stream_interval` of them are waiting, and the rest with its finish. `trace`: the
         delivery-lag probe's hop marks (None: off)."""
         self.stream_interval = check_stream_interval(stream_interval)
         self.pull, self.push, self.scheduler, self.tokenizer = pull, push, scheduler, tokenizer
+        self.direct = direct
         self.control = control
         self.parent_pid = parent_pid
         self.clock = clock
@@ -102,7 +106,7 @@ class OnlineSource:
             elif isinstance(msg, ControlReq):
                 self._on_control(msg)
         self.flush()
-        self.push.flush()                                 # what a busy receiver left (usually nothing)
+        self._flush_sockets()                             # what a busy receiver left (usually nothing)
         return new
 
     def aborted_rids(self) -> list[str]:
@@ -113,7 +117,7 @@ class OnlineSource:
         self.flush()
         deadline = None if timeout_s is None else self.clock() + timeout_s
         while True:
-            check_s = PARENT_CHECK_S if self.push.flush() else PENDING_FLUSH_S
+            check_s = PARENT_CHECK_S if self._flush_sockets() else PENDING_FLUSH_S
             slice_s = check_s if deadline is None else min(check_s, deadline - self.clock())
             if slice_s <= 0 or self.pull.poll(int(slice_s * 1000)):
                 return
@@ -195,7 +199,17 @@ class OnlineSource:
             self._first_outputs, self._outputs = [], []
             if self.trace is not None:                     # marked as handed over (a mark after it can lag)
                 self.trace.mark_outputs("sched_send", outs, self.clock())
-            self.push.send_pyobj(BatchOutput(outs, self.stats()))
+            stats = self.stats()
+            delivered = 0
+            if self.direct is not None and outs[0].detok is not None:
+                delivered = next((i for i, out in enumerate(outs) if out.detok is None), len(outs))
+                self.direct.send_pyobj(BatchOutput(outs[:delivered], stats))
+            self.push.send_pyobj(BatchOutput(outs, stats, delivered))
+
+    def _flush_sockets(self) -> bool:
+        """Write what the sockets take now; True when nothing is left."""
+        done = self.push.flush()
+        return (self.direct.flush() if self.direct is not None else True) and done
 
     def stats(self) -> SchedulerStats:
         s = self.scheduler

@@ -96,7 +96,8 @@ def write_records(requests, steps, out_dir: str | Path, wall_time_s: float, plot
 
 def run_scheduler(cfg_container: dict, addresses: Addresses, parent_pid: int) -> None:
     """Process entry: build, announce Ready, serve until shutdown, write the records, say goodbye. Outputs,
-    control replies and Ready go to the detokenizer process, or (server.detokenizer=inline) to the workers."""
+    control replies and Ready go to the detokenizer process (requests' first outputs to their workers too, with
+    server.first_outputs_direct), or (server.detokenizer=inline) to the workers."""
     from runtime.build import build_core
     from runtime.driver import RealDriver
     from runtime.engine.build_runner import build_model_runner
@@ -110,10 +111,13 @@ def run_scheduler(cfg_container: dict, addresses: Addresses, parent_pid: int) ->
     child_process_setup("twinserve-sched")
     cfg = OmegaConf.create(cfg_container)
     pull = Inbox(addresses.scheduler, busy_poll_s=float(cfg.server.busy_poll_s or 0.0))
+    direct = None
     if cfg.server.detokenizer == "inline":     # no detokenizer process: outputs straight to their workers
         push = WorkerPushes(addresses, int(cfg.server.tokenizer_workers))
     else:
         push = Outbox(addresses.detokenizer)
+        if cfg.server.first_outputs_direct:    # first outputs to their workers too, a hop less to first token
+            direct = WorkerPushes(addresses, int(cfg.server.tokenizer_workers))
     trace = HopTrace.from_env("scheduler")
     try:
         started = time.perf_counter()
@@ -122,7 +126,8 @@ def run_scheduler(cfg_container: dict, addresses: Addresses, parent_pid: int) ->
         tokenizer = load_tokenizer(cfg.tokenizer.path, core.model.vocab_size)
         control = SchedulerControl(core.scheduler, cfg.output_dir, started)
         control.source = source = OnlineSource(pull, push, core.scheduler, tokenizer, control, parent_pid=parent_pid,
-                                                     stream_interval=int(cfg.server.stream_interval), trace=trace)
+                                                     stream_interval=int(cfg.server.stream_interval), trace=trace,
+                                                     direct=direct)
         control.driver = driver = RealDriver(core.scheduler, runner, progress=False, overlap=bool(cfg.overlap))
         push.send_pyobj(Ready(core.kv_capacity_tokens, core.model.max_context_tokens, core.model.vocab_size,
                               str(runner.device), os.getpid()))
@@ -144,3 +149,5 @@ def run_scheduler(cfg_container: dict, addresses: Addresses, parent_pid: int) ->
             trace.flush()
         pull.close()
         push.close(2000)
+        if direct is not None:
+            direct.close(2000)

@@ -1,7 +1,8 @@
 """A tokenizer worker's side of the pipeline (SGLang's TokenizerManager): tokenizes and sends requests
 to the scheduler, receives their detokenized outputs (or, with server.detokenizer=inline, their token ids,
-which it decodes itself) and hands them to the waiting handlers, sends aborts and control requests. One per
-HTTP worker process; runs on its asyncio loop; never imports torch.
+which it decodes itself; with server.first_outputs_direct, requests' first outputs as token ids straight from
+the scheduler) and hands them to the waiting handlers, sends aborts and control requests. One per HTTP worker
+process; runs on its asyncio loop; never imports torch.
 """
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ class ReqState:
         self.error: APIError | None = None
         self.last_token_s: float | None = None
         self.event = asyncio.Event()
+        self.first_received = False
+        self.early: list[TextOutput] = []          # later outputs that came before the first (held for it)
 
     @property
     def done(self) -> bool:
@@ -50,13 +53,18 @@ class ReqState:
 class TokenizerManager:
     def __init__(self, processor: InputProcessor, addresses: Addresses, metrics: ServerMetrics,
                  scheduler_alive: Callable[[], bool], trace: HopTrace | None = None, worker_id: int = 0,
-                 detokenizer: Detokenizer | None = None, busy_poll_s: float = 0.0) -> None:
+                 detokenizer: Detokenizer | None = None, busy_poll_s: float = 0.0,
+                 first_decoder: Detokenizer | None = None) -> None:
         """`trace`: the delivery-lag probe's hop marks (None: off). `worker_id`: this worker's (0: the one
         HTTP process), carried with every message so that outputs and replies come back here. `detokenizer`:
         server.detokenizer=inline, this worker decodes the token ids the scheduler sends it (None: the
-        detokenizer process sends text). `busy_poll_s`: server.busy_poll_s, for the Inbox this worker binds."""
+        detokenizer process sends text). `first_decoder`: server.first_outputs_direct, the scheduler sends
+        requests' first outputs here as token ids and this decodes them; the detokenizer process sends the
+        rest (a request's later outputs wait for its first). `busy_poll_s`: server.busy_poll_s, for the Inbox
+        this worker binds."""
         self.processor = processor
         self.detokenizer = detokenizer
+        self.first_decoder = first_decoder
         self.trace = trace
         self.worker_id = worker_id
         self.metrics = metrics
@@ -158,7 +166,10 @@ class TokenizerManager:
             if isinstance(msg, BatchText):
                 self._dispatch(msg, time.perf_counter())
             elif isinstance(msg, BatchOutput):
-                await self._detokenize(msg)
+                if self.detokenizer is not None:
+                    await self._detokenize(msg)
+                else:
+                    self._first_outputs(msg)
             elif isinstance(msg, ControlReply):
                 future = self._controls.get(msg.req_id)
                 if future is not None and not future.done():
@@ -178,29 +189,55 @@ class TokenizerManager:
                 self.trace.mark_outputs("detok_send", part.outputs, now)
             self._dispatch(part, now)
 
-    def _dispatch(self, batch: BatchText, now_s: float) -> None:
-        """Hand each output to its request's handler; handlers wake in the batch's order."""
+    def _first_outputs(self, batch: BatchOutput) -> None:
+        """server.first_outputs_direct: requests' first outputs, straight from the scheduler: decoded here."""
+        if self.trace is not None:
+            self.trace.mark_outputs("detok_recv", batch.outputs, time.perf_counter())
+        text = self.first_decoder.first_outputs(batch)
+        now = time.perf_counter()
+        if self.trace is not None:
+            self.trace.mark_outputs("detok_send", text.outputs, now)
+        self._dispatch(text, now, firsts=True)
+
+    def _dispatch(self, batch: BatchText, now_s: float, firsts: bool = False) -> None:
+        """Hand each output to its request's handler; handlers wake in the batch's order. With first outputs
+        coming straight from the scheduler (`firsts`: such a batch), a later output that overtook its
+        request's first waits for it."""
         if self.trace is not None:
             self.trace.mark_outputs("http_recv", batch.outputs, now_s)
+        hold = self.first_decoder is not None and not firsts
         num_tokens = 0
         for out in batch.outputs:
             state = self.states.get(out.rid)
             if state is None:
                 continue                                   # aborted by its client
-            if out.token_ids:
-                num_tokens += len(out.token_ids)
-                self.metrics.on_tokens(state.arrival_s, state.last_token_s, now_s, len(out.token_ids))
-                state.last_token_s = now_s
-            state.pending.append(out)
-            if out.finish is not None:
-                state.finish = out.finish
-                self.metrics.on_finish(out.finish, state.arrival_s, now_s)
-                del self.states[out.rid]
-            state.event.set()
+            if hold and not state.first_received:
+                state.early.append(out)
+                continue
+            state.first_received = True
+            num_tokens += self._deliver(state, out, now_s)
+            if state.early:
+                for early in state.early:
+                    if out.rid in self.states:
+                        num_tokens += self._deliver(state, early, now_s)
+                state.early = []
         self.metrics.on_batch(num_tokens)
         if batch.stats is not None:
             self.last_stats = batch.stats
             self.metrics.on_stats(batch.stats)
+
+    def _deliver(self, state: ReqState, out: TextOutput, now_s: float) -> int:
+        """One output to its handler; the number of tokens it carries."""
+        if out.token_ids:
+            self.metrics.on_tokens(state.arrival_s, state.last_token_s, now_s, len(out.token_ids))
+            state.last_token_s = now_s
+        state.pending.append(out)
+        if out.finish is not None:
+            state.finish = out.finish
+            self.metrics.on_finish(out.finish, state.arrival_s, now_s)
+            del self.states[out.rid]
+        state.event.set()
+        return len(out.token_ids)
 
     async def _watch_scheduler(self) -> None:
         while not self.dead:

@@ -3,7 +3,7 @@ at the finish."""
 from __future__ import annotations
 
 from runtime.server.detokenizer_process import MAX_OUTPUTS_PER_MESSAGE, Detokenizer
-from runtime.server.ipc import BatchOutput, DetokSpec, Finish, RequestOutput
+from runtime.server.ipc import BatchOutput, DetokSpec, Finish, RequestOutput, by_worker
 from runtime.server.tokenizer import ByteTokenizer
 
 TOK = ByteTokenizer(512)
@@ -131,3 +131,63 @@ def test_inline_the_scheduler_splits_by_worker_and_each_worker_decodes_as_the_pr
         assert mine.stats == "stats" and {o.worker for o in mine.outputs} == {w}
         inline = [(text.outputs, text.stats) for _, text in Detokenizer(TOK).route(mine)]
         assert inline == expected[w]
+
+
+def _by_rid(outputs) -> dict:
+    out: dict = {}
+    for o in outputs:
+        out.setdefault(o.rid, []).append((o.text, list(o.token_ids), o.finish))
+    return out
+
+
+def test_first_outputs_direct_give_each_request_the_texts_the_process_alone_gives():
+    """server.first_outputs_direct: a request's first output is decoded by its worker
+    (`Detokenizer.first_outputs`, no state kept) and the detokenizer process decodes it too without sending
+    it (`delivered`), then the rest: per request, the same texts in the same order as the process alone,
+    with a first token that is half a UTF-8 character, a stop string begun in the first output, a finish on
+    the first output and two workers."""
+    euro = list("€".encode())
+    enc = lambda s: TOK.encode(s, add_special_tokens=False)   # noqa: E731
+    steps = [
+        [RequestOutput("utf8", euro[:1], detok=DetokSpec([65]), worker=1),
+         RequestOutput("stop", enc("go S"), detok=DetokSpec([], stop_strs=("STOP",)), worker=2),
+         RequestOutput("one", enc("z"), finish(1), detok=DetokSpec([66]), worker=1)],
+        [RequestOutput("late", enc("q"), detok=DetokSpec([67]), worker=2),
+         RequestOutput("utf8", euro[1:] + enc("a"), worker=1),
+         RequestOutput("stop", enc("TO"), worker=2)],
+        [RequestOutput("utf8", enc("b"), finish(4), worker=1),
+         RequestOutput("stop", enc("P!"), finish(6, "stop"), worker=2),
+         RequestOutput("late", enc("r"), finish(2), worker=2)],
+    ]
+    alone, process, workers = Detokenizer(TOK), Detokenizer(TOK), {1: Detokenizer(TOK), 2: Detokenizer(TOK)}
+    expected, got = [], []
+    for outs in steps:
+        for _, text in alone.route(BatchOutput(outs, "stats")):
+            expected.extend(text.outputs)
+        delivered = next((i for i, o in enumerate(outs) if o.detok is None), len(outs))
+        for worker, mine in by_worker(outs[:delivered]).items():
+            text = workers[worker].first_outputs(BatchOutput(mine, "stats"))
+            assert text.stats == "stats"
+            got.extend(text.outputs)
+        for _, text in process.route(BatchOutput(outs, "stats", delivered)):
+            assert all(o.rid not in {f.rid for f in outs[:delivered]} for o in text.outputs)
+            got.extend(text.outputs)
+    assert _by_rid(got) == _by_rid(expected)
+    assert [t for t, _, _ in _by_rid(got)["utf8"]] == ["", "€a", "b"]
+    assert "".join(t for t, _, _ in _by_rid(got)["stop"]) == "go "
+    assert len(process) == 0 and all(len(w) == 0 for w in workers.values())
+
+
+def test_a_batch_of_first_outputs_only_sends_nothing_from_the_process():
+    process = Detokenizer(TOK)
+    batch = BatchOutput([RequestOutput("a", TOK.encode("x", add_special_tokens=False), detok=DetokSpec([65]))],
+                        "stats", delivered=1)
+    assert list(process.route(batch)) == [] and len(process) == 1
+
+
+def test_batch_output_pickles_its_delivered_count():
+    import pickle
+
+    batch = pickle.loads(pickle.dumps(BatchOutput([RequestOutput("a", [1], detok=DetokSpec([2]))], "s", 1)))
+    assert batch.delivered == 1 and batch.stats == "s" and batch.outputs[0].detok == DetokSpec([2])
+    assert pickle.loads(pickle.dumps(BatchOutput([], None))).delivered == 0

@@ -17,7 +17,7 @@ from runtime.driver import RealDriver
 from runtime.engine.logprob_params import LogprobSamplingParams, TokenLogprobs
 from runtime.server.channel import Inbox, Outbox
 from runtime.server.ipc import (
-    AbortReq, BatchOutput, ControlReply, ControlReq, DetokSpec, TokenizedRequest,
+    AbortReq, Addresses, BatchOutput, ControlReply, ControlReq, DetokSpec, TokenizedRequest, WorkerPushes,
 )
 from runtime.server.online_source import OnlineSource
 from runtime.server.scheduler_process import SchedulerControl
@@ -171,12 +171,17 @@ def test_logprobs_travel_with_their_tokens_and_stop_at_the_stop_string(tmp_path)
 class Bare:
     """An OnlineSource alone, driven by hand: admit requests, give them tokens, read what it sends."""
 
-    def __init__(self, stops=()):
+    def __init__(self, stops=(), direct: bool = False):
+        """`direct`: first outputs also go to a worker's inbox (`worker_sink`), as server.first_outputs_direct
+        has them."""
         self.dir = tempfile.mkdtemp(prefix="twinserve-test-")
         self.pull, self.sink = Inbox(f"{self.dir}/in"), Inbox(f"{self.dir}/out")
         push, self.sender = Outbox(f"{self.dir}/out"), Outbox(f"{self.dir}/in")
+        addresses = Addresses.in_dir(self.dir)
+        self.worker_sink = Inbox(addresses.worker(0)) if direct else None
+        pushes = WorkerPushes(addresses, 1) if direct else None
         core = build_core(compose_config(["model=tiny_mla_moe", "hardware=cpu", "kv.capacity_tokens=4096"]))
-        self.source = OnlineSource(self.pull, push, core.scheduler, ByteTokenizer(512), control=None)
+        self.source = OnlineSource(self.pull, push, core.scheduler, ByteTokenizer(512), control=None, direct=pushes)
         self.stops = tuple(stops)
 
     def admit(self, rid, max_new_tokens=8):
@@ -199,10 +204,12 @@ class Bare:
         return out
 
     def close(self):
-        for box in (self.sender, self.source.push):
-            box.close(0)
-        self.pull.close()
-        self.sink.close()
+        for box in (self.sender, self.source.push, self.source.direct):
+            if box is not None:
+                box.close(0)
+        for box in (self.pull, self.sink, self.worker_sink):
+            if box is not None:
+                box.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -230,6 +237,37 @@ def test_first_outputs_lead_their_batch_and_the_batch_pickles_as_rows(bare):
     assert [(o.rid, o.token_ids, o.detok is not None) for o in batch.outputs] == [("new", [67], True),
                                                                                 ("old", [66], False)]
     assert batch.outputs[0].detok.prompt_tail_ids == [3] and batch.stats.prompt_tokens_total == 6
+
+
+def test_first_outputs_also_go_straight_to_their_worker():
+    """server.first_outputs_direct: a step's first outputs go to their worker in a message of their own,
+    sent before the step's whole message, which tells the detokenizer how many of its outputs those are."""
+    b = Bare(direct=True)
+    try:
+        old = b.admit("old")
+        b.emit(old, 65)
+        b.source.on_tokens([old], 0.0)
+        assert b.worker_sink.poll(5000)
+        (direct,) = [b.worker_sink.recv_pyobj()]
+        (whole,) = b.sent()
+        assert [(o.rid, o.token_ids) for o in direct.outputs] == [("old", [65])] and direct.delivered == 0
+        assert [o.rid for o in whole.outputs] == ["old"] and whole.delivered == 1 and direct.stats == whole.stats
+        new = b.admit("new")
+        b.emit(old, 66)
+        b.emit(new, 67)
+        b.source.on_tokens([old, new], 0.0)
+        assert b.worker_sink.poll(5000)
+        direct = b.worker_sink.recv_pyobj()
+        (whole,) = b.sent()
+        assert [(o.rid, o.detok is not None) for o in direct.outputs] == [("new", True)]
+        assert [o.rid for o in whole.outputs] == ["new", "old"] and whole.delivered == 1
+        b.emit(old, 68)
+        b.emit(new, 69)
+        b.source.on_tokens([old, new], 0.0)
+        (whole,) = b.sent()
+        assert whole.delivered == 0 and not b.worker_sink.poll(50)   # no first output: nothing straight
+    finally:
+        b.close()
 
 
 def test_a_steps_tokens_leave_at_once_not_at_the_next_poll(bare):

@@ -1,6 +1,7 @@
 """The official `openai` client against `mode=serve`: chat and completions, streaming and not, and
 greedy output equal to the offline Engine's for the same prompt; every test with the detokenizer process
-and with detokenization in the HTTP worker (server.detokenizer=process / inline)."""
+(first outputs straight to the HTTP worker, or all through the process) and with detokenization in the HTTP
+worker (server.detokenizer=process / inline)."""
 from __future__ import annotations
 
 import httpx
@@ -10,7 +11,7 @@ openai = pytest.importorskip("openai")
 
 from experiments.compose import compose_config  # noqa: E402
 from runtime.server.tokenizer import ByteTokenizer  # noqa: E402
-from tests.server.conftest import DETOKENIZER_MODES  # noqa: E402
+from tests.server.conftest import DETOKENIZER_MODES, server_of  # noqa: E402
 from tests.server.server_process import engine_overrides  # noqa: E402
 
 MODEL = "tiny_mla_moe"
@@ -18,8 +19,8 @@ MODEL = "tiny_mla_moe"
 
 @pytest.fixture(scope="module", params=DETOKENIZER_MODES)
 def server(request, server):
-    """The shared server of each server.detokenizer mode (the module's tests run against both)."""
-    return server if request.param == "process" else request.getfixturevalue("server_inline")
+    """The shared server of each detokenizer mode (the module's tests run against each)."""
+    return server if request.param == "process" else server_of(request, request.param)
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("torch")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from tests.server.conftest import DETOKENIZER_MODES  # noqa: E402
+from tests.server.conftest import DETOKENIZER_MODES, MODE_OVERRIDES  # noqa: E402
 from tests.server.server_process import REPO, scheduler_info, start_server, wait_idle  # noqa: E402
 from tests.server.test_server_shutdown import (  # noqa: E402
     LONG_CONTEXT, alive, cmdline, process_name, read_stream_until_closed,
@@ -151,8 +151,7 @@ def test_shutdown_with_two_workers_leaves_no_child_and_writes_records(tmp_path, 
     """inline: the tests above run on this server first."""
     from runtime.records_io import read_run
 
-    server = start_server(tmp_path, WORKERS + ["server.graceful_shutdown_s=0", f"server.detokenizer={mode}"]
-                          + LONG_CONTEXT)
+    server = start_server(tmp_path, WORKERS + ["server.graceful_shutdown_s=0"] + MODE_OVERRIDES[mode] + LONG_CONTEXT)
     try:
         if mode == "inline":
             test_openai_client_streams_and_not(server)
@@ -169,7 +168,7 @@ def test_shutdown_with_two_workers_leaves_no_child_and_writes_records(tmp_path, 
         children = server.child_pids()
         names = [process_name(pid) for pid in children]  # scheduler, detokenizer (process), two workers
         assert {"twinserve-sched", "twinserve-http1", "twinserve-http2"} <= set(names), names
-        assert ("twinserve-detok" in names) == (mode == "process"), names
+        assert ("twinserve-detok" in names) == (mode != "inline"), names
         first_chunk = threading.Event()
         reader = threading.Thread(target=read_stream_until_closed, args=(server.url, first_chunk), daemon=True)
         reader.start()
