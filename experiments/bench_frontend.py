@@ -81,13 +81,14 @@ def fake_scheduler(addresses, step_s: float, results, stop) -> None:
     pull.close()
 
 
-def http_process(addresses, port: int) -> None:
-    """The HTTP process as `mode=serve` builds it (uvloop and httptools where installed)."""
+def http_process(addresses, port: int, fast_path: bool = True) -> None:
+    """The HTTP process as `mode=serve` builds it (uvloop and httptools where installed); `fast_path`
+    False: the FastAPI app alone, without `GenerationFastPath` in front (for a side-by-side)."""
     import uvicorn
 
     from runtime.server.channel import Inbox
     from runtime.server.hop_trace import EntryMark, HopTrace
-    from runtime.server.http_app import create_app
+    from runtime.server.http_app import GenerationFastPath, create_app
     from runtime.server.input_processor import InputProcessor, ModelLimits
     from runtime.server.launch import event_loop_and_http_parser
     from runtime.server.server_metrics import ServerMetrics
@@ -109,6 +110,8 @@ def http_process(addresses, port: int) -> None:
         await manager.close()                 # writes the trace's last rows
 
     app = create_app(manager, metrics, "fake", limits, {}, on_startup, on_shutdown)
+    if fast_path:
+        app = GenerationFastPath(app)
     if trace is not None:
         app = EntryMark(app)
     loop, http = event_loop_and_http_parser()
@@ -139,6 +142,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--step-ms", type=float, default=20.0, help="the fake scheduler's step")
     parser.add_argument("--client-processes", type=int, default=1)
     parser.add_argument("--out", default=None, help="output directory (default outputs/bench_frontend/<time>)")
+    parser.add_argument("--without-fast-path", action="store_true",
+                        help="serve the FastAPI app alone, as before GenerationFastPath (a side-by-side)")
     args = parser.parse_args(argv)
 
     out = Path(args.out or f"outputs/bench_frontend/{time.strftime('%Y-%m-%d_%H-%M-%S')}")
@@ -146,7 +151,7 @@ def main(argv: list[str] | None = None) -> dict:
     addresses, port = Addresses.in_dir(ipc_dir), bench_serving.free_port()
     ctx = mp.get_context("spawn")
     results, stop = ctx.Queue(), ctx.Event()
-    http = ctx.Process(target=http_process, args=(addresses, port), daemon=True)
+    http = ctx.Process(target=http_process, args=(addresses, port, not args.without_fast_path), daemon=True)
     http.start()
     time.sleep(0.2)                                  # the HTTP process binds its socket before Ready is sent
     backend = ctx.Process(target=fake_scheduler, args=(addresses, args.step_ms / 1000, results, stop), daemon=True)

@@ -56,6 +56,8 @@ def create_app(manager: TokenizerManager, metrics: ServerMetrics, model_name: st
         metrics.errors.labels(status=str(err.status)).inc()
         return JSONResponse(err.body(), status_code=err.status)
 
+    app.state.error_response = error
+
     @app.exception_handler(APIError)
     async def api_error(_: Request, err: APIError):
         return error(err)
@@ -70,6 +72,37 @@ def create_app(manager: TokenizerManager, metrics: ServerMetrics, model_name: st
 
     @app.exception_handler(ClientGone)
     async def client_gone(_: Request, err: ClientGone):
-        return JSONResponse({"error": {"message": "client disconnected", "type": "aborted"}}, status_code=499)
+        return client_gone_response()
 
     return app
+
+
+def client_gone_response() -> JSONResponse:
+    return JSONResponse({"error": {"message": "client disconnected", "type": "aborted"}}, status_code=499)
+
+
+class GenerationFastPath:
+    """The ASGI app a worker serves: POSTs to the generation endpoints (`openai_api.ROUTES`,
+    `native_api.ROUTES`) go straight to their handlers, whose refusals it renders as the FastAPI app's
+    handlers do; everything else (other paths and methods, lifespan) goes to the FastAPI app. Its
+    middleware and router are a dozen ASGI layers that every request passes and two that wrap every streamed
+    chunk's send (~5% of the HTTP process's CPU per token, and time on every request's way in, on the CPU of
+    `experiments/bench_frontend.py`); the generation handlers need none of them."""
+
+    def __init__(self, app: FastAPI) -> None:
+        self.app = app
+        self.endpoints = {route.path: route.endpoint for route in openai_api.ROUTES + native_api.ROUTES}
+
+    async def __call__(self, scope, receive, send) -> None:
+        endpoint = self.endpoints.get(scope["path"]) if scope["type"] == "http" else None
+        if endpoint is None or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        scope["app"] = self.app                          # handlers read app.state through their Request
+        try:
+            response = await endpoint(Request(scope, receive, send))
+        except APIError as err:
+            response = self.app.state.error_response(err)
+        except ClientGone:
+            response = client_gone_response()
+        await response(scope, receive, send)

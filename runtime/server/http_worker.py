@@ -63,7 +63,7 @@ def build_server(cfg, model, ready, frontend: Frontend, on_startup, on_shutdown,
     import uvicorn
     from omegaconf import OmegaConf
 
-    from runtime.server.http_app import create_app
+    from runtime.server.http_app import GenerationFastPath, create_app
 
     server_args = {"model": model.name, "model_path": model.path, "device": ready.device,
                    "kv_capacity_tokens": ready.kv_capacity_tokens, "host": cfg.server.host, "port": int(cfg.server.port),
@@ -75,6 +75,7 @@ def build_server(cfg, model, ready, frontend: Frontend, on_startup, on_shutdown,
                    "busy_poll_s": cfg.server.busy_poll_s}
     app = create_app(frontend.manager, frontend.metrics, frontend.name, frontend.limits, server_args, on_startup,
                      on_shutdown)
+    app = GenerationFastPath(app)
     if frontend.manager.trace is not None:          # the delivery-lag probe: when each request enters the app
         from runtime.server.hop_trace import EntryMark
 
