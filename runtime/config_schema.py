@@ -89,6 +89,9 @@ class ServerSchema:
                                                # none, the scheduler sends token ids to the HTTP workers, which decode
     first_outputs_direct: bool = True          # with detokenizer=process: requests' first outputs also go straight
                                                # to their HTTP worker, which decodes them (a hop less to first token)
+    warmup: bool = True                        # one streamed request through each HTTP worker before it accepts
+                                               # clients, then a cache flush (SGLang's server warm-up; false is its
+                                               # --skip-server-warmup)
     busy_poll_s: Optional[float] = None        # a receiving process (detokenizer, HTTP workers, an idle scheduler)
                                                # spins this long after its last message instead of sleeping (a
                                                # wake-up costs 0.1-0.3 ms per hop); null = 0.1 s on machines of

@@ -114,7 +114,10 @@ def run_detokenizer(addresses: Addresses, tokenizer_path: str | None, vocab_size
                 continue
             msg = pull.recv_pyobj()
             if trace is not None and isinstance(msg, BatchOutput):      # what it sends on
-                trace.mark_outputs("detok_recv", msg.outputs[msg.delivered:], time.perf_counter())
+                now = time.perf_counter()
+                for hop in ("detok_recv", "detok_send"):
+                    trace.count_outputs(hop, msg.outputs[:msg.delivered])
+                trace.mark_outputs("detok_recv", msg.outputs[msg.delivered:], now)
             if not isinstance(msg, BatchOutput):           # a control reply, Ready: to its worker
                 pushes.send_pyobj(msg)
             else:

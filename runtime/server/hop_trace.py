@@ -65,6 +65,16 @@ class HopTrace:
                 self._num_tokens[key] = index + n
             self._add(f"{hop},{out.rid},{index},{n},{t_s:.9f}\n")
 
+    def count_outputs(self, hop: str, outputs: Iterable) -> None:
+        """Outputs that pass `hop` elsewhere (first outputs their worker had straight from the scheduler):
+        counted, so that later outputs' token indices stay right, without a row."""
+        for out in outputs:
+            key = (hop, out.rid)
+            if out.finish is not None:
+                self._num_tokens.pop(key, None)
+            else:
+                self._num_tokens[key] = self._num_tokens.get(key, 0) + len(out.token_ids)
+
     def _add(self, row: str) -> None:
         self._rows.append(row)
         if len(self._rows) >= FLUSH_ROWS:

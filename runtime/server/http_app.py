@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException
 from runtime.server import control_api, native_api, openai_api
 from runtime.server.errors import APIError
 from runtime.server.input_processor import ModelLimits
+from runtime.server.ipc import WARMUP_RID_PREFIX
 from runtime.server.outputs import ClientGone
 from runtime.server.server_metrics import ServerMetrics
 from runtime.server.tokenizer_manager import TokenizerManager
@@ -33,14 +34,17 @@ def without_telemetry(app_class: type = FastAPI) -> dict:
 
 
 def create_app(manager: TokenizerManager, metrics: ServerMetrics, model_name: str, limits: ModelLimits,
-               server_args: dict, on_startup=None, on_shutdown=None) -> FastAPI:
+               server_args: dict, on_startup=None, on_shutdown=None, warmup_timeout_s: float | None = None) -> FastAPI:
     """`on_startup` / `on_shutdown`: async callables run in the lifespan (the launcher starts the
-    manager's receive loop and shuts the worker processes down there)."""
+    manager's receive loop and shuts the worker processes down there). `warmup_timeout_s`: after
+    `on_startup`, one request through the app (`warm_up`; None: none), before the server accepts clients."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         if on_startup is not None:
             await on_startup()
+        if warmup_timeout_s is not None:
+            await warm_up(app, model_name, warmup_timeout_s)
         yield
         if on_shutdown is not None:
             await on_shutdown()
@@ -106,3 +110,53 @@ class GenerationFastPath:
         except ClientGone:
             response = client_gone_response()
         await response(scope, receive, send)
+
+
+
+WARMUP_PROMPT = "The capital city of France is"
+
+
+async def warm_up(app: FastAPI, model_name: str, timeout_s: float) -> None:
+    """SGLang's server warm-up: one streamed /v1/completions request of 8 tokens (rid WARMUP_...) through
+    the app as served (`GenerationFastPath`), in this process, before uvicorn accepts connections, so that what a worker does once (lazy imports,
+    the first streamed response, the channels' first messages) is not paid by the first client, and then the
+    radix cache is flushed (the first client finds the cache a replay starts with). The request is served
+    like any other; the scheduler leaves it and its steps out of the run's records. RuntimeError when it
+    fails."""
+    import asyncio
+    import json
+    import uuid
+
+    rid = f"{WARMUP_RID_PREFIX}{uuid.uuid4().hex}"
+    body = json.dumps({"model": model_name, "prompt": WARMUP_PROMPT, "max_tokens": 8, "ignore_eos": True,
+                       "stream": True, "rid": rid}).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"", "root_path": "",
+             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+             "client": ("127.0.0.1", 0), "server": ("127.0.0.1", 0)}
+    finished = asyncio.Event()
+    sent = {"status": None, "body": b""}
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> dict:
+        if messages:
+            return messages.pop()
+        await finished.wait()                        # the client stays until the response ends
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        if message["type"] == "http.response.start":
+            sent["status"] = message["status"]
+        elif message["type"] == "http.response.body":
+            sent["body"] += message.get("body", b"")
+            if not message.get("more_body", False):
+                finished.set()
+
+    try:
+        await asyncio.wait_for(GenerationFastPath(app)(scope, receive, send), timeout_s)
+    except asyncio.TimeoutError:
+        raise RuntimeError(f"server warm-up: no response within {timeout_s:.0f} s") from None
+    finished.set()
+    if sent["status"] != 200 or not sent["body"].rstrip().endswith(b"data: [DONE]"):
+        raise RuntimeError(f"server warm-up failed: HTTP {sent['status']}: {sent['body'][-300:]!r}")
+    await app.state.manager.control("flush_cache")             # refused (harmlessly) while another worker's request runs

@@ -72,9 +72,10 @@ def build_server(cfg, model, ready, frontend: Frontend, on_startup, on_shutdown,
                    "output_dir": str(cfg.output_dir), "tokenizer_workers": num_workers,
                    "tokenizer_worker_id": frontend.manager.worker_id,
                    "detokenizer": cfg.server.detokenizer, "first_outputs_direct": cfg.server.first_outputs_direct,
+                   "warmup": cfg.server.warmup,
                    "busy_poll_s": cfg.server.busy_poll_s}
     app = create_app(frontend.manager, frontend.metrics, frontend.name, frontend.limits, server_args, on_startup,
-                     on_shutdown)
+                     on_shutdown, warmup_timeout_s=float(cfg.server.startup_timeout_s) if cfg.server.warmup else None)
     app = GenerationFastPath(app)
     if frontend.manager.trace is not None:          # the delivery-lag probe: when each request enters the app
         from runtime.server.hop_trace import EntryMark

@@ -40,6 +40,11 @@ def worker_ids(num_workers: int) -> list[int]:
 
 
 DETOKENIZER_MODES = ("process", "inline")
+WARMUP_RID_PREFIX = "WARMUP_"      # the server's own warm-up request (server.warmup): not in the run's records
+
+
+def is_warmup(rid: str) -> bool:
+    return rid.startswith(WARMUP_RID_PREFIX)
 
 
 def check_detokenizer(value: str) -> str:

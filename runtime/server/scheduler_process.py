@@ -55,15 +55,28 @@ class SchedulerControl:
                       "pid": os.getpid()}
 
     def dump_records(self, dir: str | None = None, rids: list[str] | None = None) -> tuple[bool, object]:
-        requests = self.source.finished
+        steps = getattr(self.driver, "steps", None)   # the driver's StepLog, when it keeps one
+        requests, steps = without_warmup(self.source.finished, steps)
         if rids is not None:                               # the last request of each id asked for
             wanted = set(rids)
             requests = list({r.rid: r for r in requests if r.rid in wanted}.values())
-        steps = getattr(self.driver, "steps", None)   # the driver's StepLog, when it keeps one
         if steps is not None and rids is not None:
             steps = steps_since(steps, min((r.arrival_s for r in requests), default=float("inf")))
         out, summary = write_records(requests, steps, dir or self.out_dir, time.perf_counter() - self.started_s)
         return True, {"dir": str(out), "summary": summary}
+
+
+def without_warmup(requests, steps):
+    """The run's requests and steps without the server's warm-up (`ipc.is_warmup`): the steps from the first
+    other request's arrival on (the warm-up ends before the server accepts clients; under overlap scheduling
+    its last step may start after its finish)."""
+    from runtime.server.ipc import is_warmup
+
+    if not any(is_warmup(r.rid) for r in requests):
+        return list(requests), steps
+    kept = [r for r in requests if not is_warmup(r.rid)]
+    first_arrival_s = min((r.arrival_s for r in kept), default=float("inf"))
+    return kept, (steps_since(steps, first_arrival_s) if steps is not None else None)
 
 
 def steps_since(steps, start_s: float):
@@ -135,7 +148,8 @@ def run_scheduler(cfg_container: dict, addresses: Addresses, parent_pid: int) ->
         with serving_gc(pauses, bool(cfg.real.freeze_gc)):
             outcome = driver.serve(source)
         source.flush()
-        out, summary = write_records(outcome.requests, outcome.steps, cfg.output_dir,
+        requests, steps = without_warmup(outcome.requests, outcome.steps)
+        out, summary = write_records(requests, steps, cfg.output_dir,
                                      time.perf_counter() - started, plots=False, extra={"gc": pauses.summary()})
         shutdown = source.shutdown
         push.send_pyobj(ControlReply("shutdown", shutdown.req_id if shutdown else -1, True,

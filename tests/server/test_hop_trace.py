@@ -35,6 +35,21 @@ def test_marks_count_token_indices_and_the_probe_joins_them(tmp_path):
     assert abs(table["intake"]["http_arrival->sched_recv"]["p50"] - 1.0) < 1e-6
 
 
+def test_outputs_counted_elsewhere_keep_the_later_token_indices(tmp_path):
+    """A first output that went straight to its worker passes the detokenizer's hops uncounted there unless
+    `count_outputs` counts it: its second output must still be token 1, not 0."""
+    import pandas as pd
+
+    trace = HopTrace(str(tmp_path / "d.csv"))
+    trace.count_outputs("detok_recv", [TextOutput("r", "x", [1])])
+    trace.mark_outputs("detok_recv", [TextOutput("r", "yz", [2, 3])], 1.0)
+    trace.count_outputs("detok_recv", [TextOutput("s", "", [4], Finish("length", None, 3, 1, 0, 1.0, 0.1))])
+    trace.mark_outputs("detok_recv", [TextOutput("s", "", [5])], 2.0)           # a new request of that rid
+    trace.flush()
+    rows = pd.read_csv(tmp_path / "d.csv")
+    assert list(zip(rows["rid"], rows["token_index"], rows["num_tokens"])) == [("r", 1, 2), ("s", 0, 1)]
+
+
 def test_entry_mark_hands_the_request_entry_time_to_the_handlers_context():
     import asyncio
     import time
