@@ -35,6 +35,7 @@ def fake_scheduler(addresses, step_s: float, results, stop) -> None:
     """Every step_s: one token for each request in flight (its first one step after it arrived). Once
     `stop` is set, puts {rid: seconds from receiving the request to emitting its first token} on `results`."""
     from runtime.server.channel import Inbox, Outbox
+    from runtime.server.detokenizer_process import MAX_OUTPUTS_PER_MESSAGE
     from runtime.server.ipc import (
         AbortReq, BatchText, ControlReply, ControlReq, Finish, Ready, SchedulerStats, TextOutput, TokenizedRequest,
     )
@@ -74,8 +75,10 @@ def fake_scheduler(addresses, step_s: float, results, stop) -> None:
         if first and rest:
             push.send_pyobj(BatchText(first))
             first = []
-        if first or rest:
-            push.send_pyobj(BatchText(first + rest, stats))
+        outs = first + rest                              # in slices, as the detokenizer process sends them
+        for start in range(0, len(outs), MAX_OUTPUTS_PER_MESSAGE):
+            end = start + MAX_OUTPUTS_PER_MESSAGE
+            push.send_pyobj(BatchText(outs[start:end], stats if end >= len(outs) else None))
     results.put(ttfts)
     push.close(0)
     pull.close()

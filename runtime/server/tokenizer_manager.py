@@ -174,6 +174,11 @@ class TokenizerManager:
                 future = self._controls.get(msg.req_id)
                 if future is not None and not future.done():
                     future.set_result(msg)
+                continue
+            # Let the handlers just woken write their chunks, and the loop take what its sockets have (a new
+            # request, say), before the next message's outputs: otherwise a step's whole burst of outputs runs
+            # in one turn of the loop and a request arriving meanwhile waits for all of it.
+            await asyncio.sleep(0)
 
     async def _detokenize(self, batch: BatchOutput) -> None:
         """server.detokenizer=inline: decode the scheduler's outputs here, part by part as the detokenizer
