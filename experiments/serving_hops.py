@@ -33,11 +33,15 @@ WINDOW_S = 5.0
 
 
 def read_marks(trace_dir: Path) -> pd.DataFrame:
-    """Every process's marks in one frame (hop, rid, token_index, num_tokens, t_s)."""
+    """Every process's marks in one frame (hop, rid, token_index, num_tokens, t_s), without the server's
+    warm-up request (it runs before any client and pays each channel's first message)."""
+    from runtime.server.ipc import WARMUP_RID_PREFIX
+
     frames = [pd.read_csv(path, dtype={"rid": str}) for path in sorted(trace_dir.glob("*.csv"))]
     if not frames:
         raise SystemExit(f"no hop marks in {trace_dir}: was the server started with TWINSERVE_HOP_TRACE?")
-    return pd.concat(frames, ignore_index=True)
+    marks = pd.concat(frames, ignore_index=True)
+    return marks[~marks["rid"].str.startswith(WARMUP_RID_PREFIX)].reset_index(drop=True)
 
 
 def client_marks(bench_dir: Path) -> pd.DataFrame:

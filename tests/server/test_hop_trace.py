@@ -20,6 +20,8 @@ def test_marks_count_token_indices_and_the_probe_joins_them(tmp_path):
     end = Finish("length", None, 3, 3, 0, 1.0, 0.1)
     a = HopTrace(str(tmp_path / "a.csv"))
     b = HopTrace(str(tmp_path / "b.csv"))
+    a.mark("http_arrival", "WARMUP_x", 0.0)                    # the server's warm-up: not in the table
+    a.mark("sched_recv", "WARMUP_x", 0.5)
     a.mark("http_arrival", "r", 0.0)
     a.mark("sched_recv", "r", 0.001)
     for hop, trace, offset_s in (("sched_send", a, 0.0), ("http_recv", b, 0.002)):
