@@ -112,15 +112,15 @@ class GenerationFastPath:
         await response(scope, receive, send)
 
 
-
 WARMUP_PROMPT = "The capital city of France is"
 
 
 async def warm_up(app: FastAPI, model_name: str, timeout_s: float) -> None:
     """SGLang's server warm-up: one streamed /v1/completions request of 8 tokens (rid WARMUP_...) through
-    the app as served (`GenerationFastPath`), in this process, before uvicorn accepts connections, so that what a worker does once (lazy imports,
-    the first streamed response, the channels' first messages) is not paid by the first client, and then the
-    radix cache is flushed (the first client finds the cache a replay starts with). The request is served
+    the app as served (`GenerationFastPath`), in this process, before uvicorn accepts connections, so that
+    what a worker does once (lazy imports, the first streamed response, the channels' first messages) is not
+    paid by the first client; then the radix cache is flushed (the first client finds the cache a replay
+    starts with). The request is served
     like any other; the scheduler leaves it and its steps out of the run's records. RuntimeError when it
     fails."""
     import asyncio
@@ -159,4 +159,4 @@ async def warm_up(app: FastAPI, model_name: str, timeout_s: float) -> None:
     finished.set()
     if sent["status"] != 200 or not sent["body"].rstrip().endswith(b"data: [DONE]"):
         raise RuntimeError(f"server warm-up failed: HTTP {sent['status']}: {sent['body'][-300:]!r}")
-    await app.state.manager.control("flush_cache")             # refused (harmlessly) while another worker's request runs
+    await app.state.manager.control("flush_cache")   # refused (harmlessly) while another worker's request runs
