@@ -56,24 +56,25 @@ class HopTrace:
     def mark_outputs(self, hop: str, outputs: Iterable, t_s: float) -> None:
         """Outputs (anything with `rid`, `token_ids`, `finish`) passing `hop` at `t_s`."""
         for out in outputs:
-            key = (hop, out.rid)
-            index = self._num_tokens.get(key, 0)
-            n = len(out.token_ids)
-            if out.finish is not None:
-                self._num_tokens.pop(key, None)
-            else:
-                self._num_tokens[key] = index + n
-            self._add(f"{hop},{out.rid},{index},{n},{t_s:.9f}\n")
+            index = self._count(hop, out)
+            self._add(f"{hop},{out.rid},{index},{len(out.token_ids)},{t_s:.9f}\n")
 
     def count_outputs(self, hop: str, outputs: Iterable) -> None:
         """Outputs that pass `hop` elsewhere (first outputs their worker had straight from the scheduler):
         counted, so that later outputs' token indices stay right, without a row."""
         for out in outputs:
-            key = (hop, out.rid)
-            if out.finish is not None:
-                self._num_tokens.pop(key, None)
-            else:
-                self._num_tokens[key] = self._num_tokens.get(key, 0) + len(out.token_ids)
+            self._count(hop, out)
+
+    def _count(self, hop: str, out) -> int:
+        """The index of `out`'s first token in its request at `hop`; counts its tokens (forgets the request
+        at its finish)."""
+        key = (hop, out.rid)
+        index = self._num_tokens.get(key, 0)
+        if out.finish is not None:
+            self._num_tokens.pop(key, None)
+        else:
+            self._num_tokens[key] = index + len(out.token_ids)
+        return index
 
     def _add(self, row: str) -> None:
         self._rows.append(row)

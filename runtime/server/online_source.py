@@ -195,15 +195,16 @@ class OnlineSource:
         requests' first outputs lead (time to first token is what waits on them)."""
         self._stop_pending = False
         if self._first_outputs or self._outputs:
-            outs = self._first_outputs + self._outputs
+            firsts = self._first_outputs
+            outs = firsts + self._outputs
             self._first_outputs, self._outputs = [], []
             if self.trace is not None:                     # marked as handed over (a mark after it can lag)
                 self.trace.mark_outputs("sched_send", outs, self.clock())
             stats = self.stats()
             delivered = 0
-            if self.direct is not None and outs[0].detok is not None:
-                delivered = next((i for i, out in enumerate(outs) if out.detok is None), len(outs))
-                self.direct.send_pyobj(BatchOutput(outs[:delivered], stats))
+            if self.direct is not None and firsts:
+                delivered = len(firsts)
+                self.direct.send_pyobj(BatchOutput(firsts, stats))
             self.push.send_pyobj(BatchOutput(outs, stats, delivered))
 
     def _flush_sockets(self) -> bool:
