@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx
@@ -140,12 +141,20 @@ async def send_one(client: StreamClient, backend: str, spec: RequestSpec, path: 
 
 
 async def send_all(url: str, backend: str, jobs: list[tuple[RequestSpec, str, bytes]], max_concurrency: int | None,
-                   origin: float, progress: bool) -> list[Outcome]:
+                   origin: float | Callable[[], Awaitable[float]], progress: bool, preconnect: int = 0,
+                   busy_poll: bool = False) -> list[Outcome]:
     """Send every job (spec, path, body) at its spec's arrival_s after `origin` (a perf_counter
-    reading), at most `max_concurrency` at once."""
+    reading, or a coroutine function returning it once the clock starts), at most `max_concurrency` at
+    once. `preconnect`: connections opened before the clock starts. `busy_poll`: the loop never sleeps in
+    the kernel while requests are in flight, so that a chunk's arrival does not wait for this process to
+    wake (0.1-0.3 ms on some hosts): the client's own latency is then not part of what is measured."""
     limit = asyncio.Semaphore(max_concurrency or len(jobs) or 1)
     client = StreamClient(url)
     done = 0
+    if preconnect > 0:
+        await client.preconnect(preconnect)
+    if not isinstance(origin, float):
+        origin = await origin()
 
     async def one(spec: RequestSpec, path: str, body: bytes) -> Outcome:
         nonlocal done
@@ -158,9 +167,16 @@ async def send_all(url: str, backend: str, jobs: list[tuple[RequestSpec, str, by
             print(f"  {done}/{len(jobs)} requests done", file=sys.stderr, flush=True)
         return out
 
+    async def spin() -> None:
+        while True:
+            await asyncio.sleep(0)
+
+    spinner = asyncio.get_running_loop().create_task(spin()) if busy_poll else None
     try:
         return list(await asyncio.gather(*(one(*job) for job in jobs)))
     finally:
+        if spinner is not None:
+            spinner.cancel()
         await client.aclose()
 
 
@@ -173,11 +189,17 @@ def run_event_loop(coro):
     return uvloop.run(coro)
 
 
-def _client_process(url: str, backend: str, jobs: list, max_concurrency: int | None, ready, start, results) -> None:
-    """One of several client processes: its share of the jobs on the shared clock origin."""
-    ready.set()
-    start.wait()
-    results.put(run_event_loop(send_all(url, backend, jobs, max_concurrency, start.origin_s(), False)))
+def _client_process(url: str, backend: str, jobs: list, max_concurrency: int | None, ready, start, results,
+                    preconnect: int, busy_poll: bool) -> None:
+    """One of several client processes: its share of the jobs on the shared clock origin (its connections
+    opened before it reports ready)."""
+
+    async def origin() -> float:
+        ready.set()
+        await asyncio.get_running_loop().run_in_executor(None, start.wait)
+        return start.origin_s()
+
+    results.put(run_event_loop(send_all(url, backend, jobs, max_concurrency, origin, False, preconnect, busy_poll)))
 
 
 class _Start:
@@ -199,18 +221,27 @@ class _Start:
 
 
 def run_load(url: str, backend: str, specs: list[RequestSpec], max_concurrency: int | None, model: str, tokenizer,
-             progress: bool, processes: int = 1) -> tuple[list[Outcome], float, float]:
+             progress: bool, processes: int = 1, preconnect: int = 0,
+             busy_poll: bool = False) -> tuple[list[Outcome], float, float]:
     """Send every spec at its arrival_s (seconds after the start); `processes` > 1 deals the requests
-    round-robin to that many client processes (each with max_concurrency / processes at once). Returns the
-    outcomes, the sending time and the start (a perf_counter reading: the outcomes' times count from it)."""
+    round-robin to that many client processes (each with max_concurrency / processes at once); each
+    process opens `preconnect` connections first and, with `busy_poll`, never sleeps while it sends.
+    Returns the outcomes, the sending time and the start (a perf_counter reading: the outcomes' times
+    count from it)."""
     jobs = []
     for spec in specs:                                     # bodies are encoded before the clock starts
         path, body = request_body(backend, spec, model, tokenizer)
         jobs.append((spec, path, json.dumps(body).encode()))
     if processes <= 1:
-        origin = time.perf_counter()
-        outcomes = run_event_loop(send_all(url, backend, jobs, max_concurrency, origin, progress))
-        return outcomes, time.perf_counter() - origin, origin
+        start_s: list[float] = []
+
+        async def origin() -> float:
+            start_s.append(time.perf_counter())
+            return start_s[0]
+
+        outcomes = run_event_loop(send_all(url, backend, jobs, max_concurrency, origin, progress, preconnect,
+                                           busy_poll))
+        return outcomes, time.perf_counter() - start_s[0], start_s[0]
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -220,7 +251,7 @@ def run_load(url: str, backend: str, specs: list[RequestSpec], max_concurrency: 
     for k in range(processes):
         ready = ctx.Event()
         worker = ctx.Process(target=_client_process, args=(url, backend, jobs[k::processes], share, ready, start,
-                                                           results), daemon=True)
+                                                           results, preconnect, busy_poll), daemon=True)
         worker.start()
         workers.append((worker, ready))
     for worker, ready in workers:
@@ -334,6 +365,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--client-processes", type=int, default=1,
                         help="client processes sending the requests (dealt round-robin); more than one when a "
                              "single process cannot keep up with the streams")
+    parser.add_argument("--preconnect", type=int, default=0,
+                        help="connections each client process opens before the clock starts (a warm pool: "
+                             "requests do not pay the TCP handshake); the server closes idle ones after its "
+                             "keep-alive timeout")
+    parser.add_argument("--busy-poll", action="store_true",
+                        help="client processes spin instead of sleeping while they send (one core each), so that "
+                             "their own wake-up is not in the times measured")
     parser.add_argument("--quiet", action="store_true")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides (workload=..., model=..., ...)")
     args = parser.parse_args(argv)
@@ -358,7 +396,7 @@ def main(argv: list[str] | None = None) -> dict:
             httpx.post(f"{url}/flush_cache", timeout=60).raise_for_status()
         wall = time.perf_counter()
         outcomes, duration_s, origin_s = run_load(url, args.backend, specs, args.max_concurrency, model, tokenizer,
-                                        not args.quiet, args.client_processes)
+                                        not args.quiet, args.client_processes, args.preconnect, args.busy_poll)
         wall_s = time.perf_counter() - wall
         server_summary = dump_server_records(url, out_dir, [s.rid for s in specs])
 
@@ -368,7 +406,8 @@ def main(argv: list[str] | None = None) -> dict:
     errors = [o.error for o in outcomes if o.error]
     rate = args.request_rate if args.request_rate is not None else cfg.workload.get("request_rate")
     summary.update(url=url if args.url else "launched", backend=args.backend, model=model,
-                   client_processes=args.client_processes,
+                   client_processes=args.client_processes, preconnect=args.preconnect,
+                   client_busy_poll=args.busy_poll,
                    request_rate=None if rate is None or (isinstance(rate, float) and math.isinf(rate)) else rate,
                    burstiness=args.burstiness, max_concurrency=args.max_concurrency, overrides=list(args.overrides),
                    num_errors=len(errors), first_errors=errors[:5], send_duration_s=duration_s,

@@ -18,6 +18,10 @@ W="workload=random workload.input_len=1024 workload.output_len=256 workload.rang
 RATES=${RATES:-16 48 96}
 SERVER_OVERRIDES=${SERVER_OVERRIDES:-}   # e.g. server.stream_interval=4, or server.tokenizer_workers=4 (HTTP workers)
 CLIENTS=${CLIENTS:-4}           # client processes: one alone falls behind hundreds of streams
+# client settings, ';'-separated, each run at every rate against the same server ('-': none), e.g.
+# "-;--preconnect 64 --busy-poll": a second variant's files are named serve_rate_<r>_v2*
+CLIENT_VARIANTS=${CLIENT_VARIANTS:-"-"}
+IFS=';' read -ra VARIANTS <<< "$CLIENT_VARIANTS"
 python3 -c "import uvloop, httptools" 2>/dev/null || echo "WARNING: uvloop/httptools missing: the server runs on asyncio + h11"
 # the front end alone (~40 s; SKIP_FRONTEND=1 skips it): rate and fake step (ms), ~80 and ~500 streams of 256 tokens
 for spec in "16 20" "48 40"; do
@@ -31,12 +35,18 @@ python run.py mode=serve progress=false $SERVER_OVERRIDES hydra.run.dir=$WORK/se
 for _ in $(seq 120); do curl -sf localhost:30000/health >/dev/null && break; sleep 2; done
 grep -m1 "serving" $WORK/serve.log
 for r in $RATES; do
-  python experiments/bench_serving.py --url http://127.0.0.1:30000 --flush-cache --client-processes $CLIENTS \
-    --out $WORK/bench/rate_$r $W workload.request_rate=$r 2>&1 | tail -4
-  cp $WORK/bench/rate_$r/summary.json $OUT/serve_rate_$r.json
-  cp $WORK/bench/rate_$r/requests.parquet $OUT/serve_rate_${r}_client_requests.parquet 2>/dev/null
-  cp $WORK/bench/rate_$r/server/requests.parquet $OUT/serve_rate_${r}_requests.parquet 2>/dev/null
-  cp $WORK/bench/rate_$r/server/steps.parquet $OUT/serve_rate_${r}_steps.parquet 2>/dev/null
+  v=0
+  for variant in "${VARIANTS[@]}"; do
+    v=$((v + 1)); tag=$r; [ $v -gt 1 ] && tag=${r}_v$v
+    [ "$variant" = "-" ] && variant=""
+    [ ${#VARIANTS[@]} -gt 1 ] && echo "== rate $r, client: ${variant:-plain}"
+    python experiments/bench_serving.py --url http://127.0.0.1:30000 --flush-cache --client-processes $CLIENTS \
+      $variant --out $WORK/bench/rate_$tag $W workload.request_rate=$r 2>&1 | tail -4
+    cp $WORK/bench/rate_$tag/summary.json $OUT/serve_rate_$tag.json
+    cp $WORK/bench/rate_$tag/requests.parquet $OUT/serve_rate_${tag}_client_requests.parquet 2>/dev/null
+    cp $WORK/bench/rate_$tag/server/requests.parquet $OUT/serve_rate_${tag}_requests.parquet 2>/dev/null
+    cp $WORK/bench/rate_$tag/server/steps.parquet $OUT/serve_rate_${tag}_steps.parquet 2>/dev/null
+  done
 done
 kill -INT $S; wait $S
 if [ -z "${SKIP_REPLAY:-}" ]; then

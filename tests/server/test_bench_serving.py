@@ -42,11 +42,13 @@ def test_bench_launches_and_stops_its_own_server(tmp_path):
     assert served["mode"] == "serve" and served["num_finished"] == 8
 
 
-def test_bench_with_several_client_processes(server, tmp_path):
+@pytest.mark.parametrize("client_args", [[], ["--preconnect", "3", "--busy-poll"]], ids=["plain", "warm_spinning"])
+def test_bench_with_several_client_processes(server, tmp_path, client_args):
     summary = bench_serving.main(["--url", server.url, "--client-processes", "2", "--out", str(tmp_path), "--quiet",
-                                  "--flush-cache", *WORKLOAD, "workload.num_requests=10"])
+                                  "--flush-cache", *client_args, *WORKLOAD, "workload.num_requests=10"])
     requests, _, _ = read_run(tmp_path)
     assert summary["num_errors"] == 0 and summary["num_finished"] == 10 and summary["client_processes"] == 2
+    assert summary["client_busy_poll"] == bool(client_args) and summary["preconnect"] == (3 if client_args else 0)
     assert sorted(requests["rid"]) == sorted(s.rid for s in bench_serving.instantiate(
         bench_serving.compose_config(WORKLOAD + ["workload.num_requests=10"]).workload).requests())
     assert all(len(t) == n for t, n in zip(requests["token_times_s"], requests["output_tokens"]))

@@ -68,3 +68,29 @@ def test_chunked_sized_and_closed_bodies_over_kept_connections():
     assert got[3] == (400, [b"bad request"])
     assert state["bodies"][0] == b'{"a": 1}'
     assert state["connections"] == 2                           # reused until the server closed it
+
+
+def test_preconnected_connections_are_used_without_new_handshakes():
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+    responses = [head + b"content-length: 9\r\n\r\ndata: %d\n\n" % i for i in range(3)]
+
+    async def main():
+        server, state = await serve(responses, close_after=set())
+        port = server.sockets[0].getsockname()[1]
+        client = StreamClient(f"http://127.0.0.1:{port}")
+        opened = await client.preconnect(3)
+        again = await client.preconnect(3)                     # the pool is full already
+        await asyncio.sleep(0.05)
+        before = state["connections"]
+        posts = [await client.post("/v1/completions", b"{}") for _ in range(3)]   # three at once
+        got = [[line async for line in r.lines()] for r in posts]
+        for r in posts:
+            r.release()
+        await client.aclose()
+        server.close()
+        return opened, again, before, state["connections"], got
+
+    opened, again, before, after, got = asyncio.run(main())
+    assert (opened, again) == (3, 0)
+    assert before == after == 3                                # three requests in flight, no new connection
+    assert sorted(got) == [[b"data: %d" % i, b""] for i in range(3)]
