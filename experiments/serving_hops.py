@@ -119,13 +119,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--analyze", action="store_true", help="only the table, from the files already in --out")
     p.add_argument("--client-processes", type=int, default=1)
+    p.add_argument("--preconnect", type=int, default=0, help="bench_serving's warm connection pool per client process")
     p.add_argument("overrides", nargs="*", help="Hydra overrides: the server's and the workload's")
     args = p.parse_args(argv)
     if not args.analyze:
         args.out.mkdir(parents=True, exist_ok=True)
         os.environ[ENV_VAR] = str((args.out / "hops").resolve())    # the launched server inherits it
         bench_serving.main(["--launch", "--quiet", "--flush-cache", "--out", str(args.out / "bench"),
-                            "--client-processes", str(args.client_processes), *args.overrides])
+                            "--client-processes", str(args.client_processes), "--preconnect", str(args.preconnect),
+                            *args.overrides])
     analyze(args.out)
     return 0
 

@@ -11,7 +11,7 @@ set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl 2>/dev/null || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 OUT=${1:-/tmp/out}; WORK=${WORK:-/tmp/serve_hops}; mkdir -p "$OUT" "$WORK"
-RATE=${RATE:-16}; NREQ=${NREQ:-300}; CLIENTS=${CLIENTS:-4}
+RATE=${RATE:-16}; NREQ=${NREQ:-300}; CLIENTS=${CLIENTS:-4}; PRECONNECT=${PRECONNECT:-0}   # warm client connections
 SETTINGS=${SETTINGS:-"-"}
 W="workload=random workload.input_len=1024 workload.output_len=256 workload.range_ratio=0.5 workload.num_requests=$NREQ workload.request_rate=$RATE"
 [ -n "${SKIP_CLOCK:-}" ] || python3 - > "$OUT/gpu_clock.txt" 2>&1 <<'EOF'
@@ -31,7 +31,7 @@ for setting in "${LIST[@]}"; do
   i=$((i + 1)); dir=$WORK/hops_$i
   echo "== $setting"; mkdir -p "$dir"; echo "$setting" > "$dir/setting.txt"
   [ "$setting" = "-" ] && setting=""
-  python -m experiments.serving_hops --out "$dir" --client-processes "$CLIENTS" $W $setting 2>&1 | tail -28
+  python -m experiments.serving_hops --out "$dir" --client-processes "$CLIENTS" --preconnect "$PRECONNECT" $W $setting 2>&1 | tail -28
   cp "$dir/hops.json" "$OUT/hops_$i.json" 2>/dev/null
   cp "$dir/bench/summary.json" "$OUT/hops_${i}_summary.json" 2>/dev/null
 done
