@@ -11,6 +11,7 @@ from typing import Union
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ValidationError
+from starlette.requests import ClientDisconnect
 from starlette.routing import Route
 
 from runtime.server.errors import APIError, from_validation_error
@@ -28,9 +29,27 @@ router = APIRouter()
 
 async def parse(http: Request, model: type[BaseModel]) -> BaseModel:
     try:
-        return model.model_validate_json(await http.body())
+        return model.model_validate_json(await read_body(http))
     except ValidationError as err:
         raise from_validation_error(err) from None
+
+
+async def read_body(http: Request) -> bytes:
+    """The request's body, read as Starlette's `Request.body` reads it (a client gone meanwhile raises
+    `ClientDisconnect`) but without its async generator: a body that came in one message (uvicorn hands
+    over what it has read) is that message's bytes, uncopied (~5 µs less per request on the CPU)."""
+    chunks: list[bytes] = []
+    while True:
+        message = await http.receive()
+        if message["type"] == "http.request":
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        elif message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+    body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    http._body = body                      # where Starlette keeps it: `http.body()` and `http.stream()` give it
+    return body
 
 
 def check_model(http: Request, name: str, status: int = 404) -> None:

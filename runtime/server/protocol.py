@@ -18,6 +18,7 @@ from runtime.server.errors import APIError
 MAX_COMPLETION_LOGPROBS = 5      # the legacy completions API's limit
 MAX_CHOICES = 128                # prompts x n of one request
 PENALTIES = ("frequency_penalty", "presence_penalty", "repetition_penalty")
+OPENAI_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "seed", *PENALTIES)   # passed on when given
 # SGLang extensions this server lacks (constrained decoding, custom logit processors, hidden states):
 # accepted when absent or null (False for flags), a 400 naming them otherwise
 UNSUPPORTED_EXTENSIONS = {"regex": None, "ebnf": None, "json_schema": None, "structural_tag": None,
@@ -29,13 +30,16 @@ def expand_choices(prompts: list["GenerateInput"], n: int, rid: "str | list[str]
     """n choices of each prompt, prompt-major (choice index = prompt index * n + j, as SGLang orders a
     batch), each its own request. rid: one for the whole request (`<rid>-<index>` when there are several
     choices) or one per prompt (`<rid>-<j>` when n > 1). With a seed, choice j samples with seed + j
-    (reproducible, yet the choices differ)."""
+    (reproducible, yet the choices differ). `prompts` are the request's own, fresh inputs: with n = 1 each
+    is its choice (its rid set in place), with n > 1 each choice is a copy."""
     if not 1 <= n <= MAX_CHOICES:
         raise APIError(f"n={n}: must be between 1 and {MAX_CHOICES}", param="n")
     if len(prompts) * n > MAX_CHOICES:
         raise APIError(f"{len(prompts)} prompts x n={n}: at most {MAX_CHOICES} choices per request", param="n")
     if isinstance(rid, list) and len(rid) != len(prompts):
         raise APIError(f"{len(rid)} rids for {len(prompts)} prompts", param="rid")
+    if n == 1:
+        return _own_choices(prompts, rid)
     out = []
     for i, prompt in enumerate(prompts):
         for j in range(n):
@@ -48,6 +52,17 @@ def expand_choices(prompts: list["GenerateInput"], n: int, rid: "str | list[str]
                 gi.rid = rid if len(prompts) * n == 1 else f"{rid}-{i * n + j}"
             out.append(gi)
     return out
+
+
+def _own_choices(prompts: list["GenerateInput"], rid: "str | list[str] | None") -> list["GenerateInput"]:
+    """n = 1: each prompt is its one choice; `expand_choices`'s rids, set in place (no copies)."""
+    if isinstance(rid, list):
+        for prompt, own in zip(prompts, rid):
+            prompt.rid = own
+    elif rid is not None:
+        for i, prompt in enumerate(prompts):
+            prompt.rid = rid if len(prompts) == 1 else f"{rid}-{i}"
+    return prompts
 
 
 def parse_logit_bias(bias: dict, param: str) -> tuple[tuple[int, float], ...]:
@@ -69,15 +84,25 @@ def _check_top_count(value: int, limit: int, param: str) -> None:
         raise APIError(f"{param}={value}: must be between 0 and {limit}", param=param)
 
 
+# OpenAI parameters this server lacks, and the SGLang extensions: {name: the one accepted value}
+OPENAI_UNSUPPORTED = {"tools": [], "functions": [], "best_of": 1, "suffix": "", "response_format": ({"type": "text"},),
+                      **UNSUPPORTED_EXTENSIONS}
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
 
     def _reject_unsupported(self, names: dict[str, Any]) -> None:
         """400 for a field set to something this server cannot honour ({name: accepted value})."""
-        extra = self.model_extra or {}
+        extra = self.model_extra
         fields = type(self).model_fields                 # a class property: looked up once, not per name
         for name, accepted in names.items():
-            value = getattr(self, name, None) if name in fields else extra.get(name)
+            if name in fields:
+                value = getattr(self, name, None)
+            elif extra and name in extra:
+                value = extra[name]
+            else:
+                continue                                 # not given: None, which every name accepts
             if value not in (None, accepted) and not (isinstance(accepted, tuple) and value in accepted):
                 raise APIError(f"{name}={value!r} is not supported by this server", param=name, code="unsupported")
 
@@ -116,14 +141,14 @@ class _OpenAISampling(_Strict):
             raise APIError(f"n={self.n}: must be between 1 and {MAX_CHOICES}", param="n")
         if self.stream_options is not None and not self.stream:
             raise APIError("stream_options is only allowed with stream=true", param="stream_options")
-        self._reject_unsupported({"tools": [], "functions": [], "best_of": 1, "suffix": "",
-                                  "response_format": ({"type": "text"},), **UNSUPPORTED_EXTENSIONS})
+        self._reject_unsupported(OPENAI_UNSUPPORTED)
 
     def sampling(self, max_tokens: Optional[int]) -> dict:
         out: dict[str, Any] = {"max_new_tokens": max_tokens, "ignore_eos": self.ignore_eos}
-        for key in ("temperature", "top_p", "top_k", "min_p", "seed", *PENALTIES):
-            if getattr(self, key) is not None:
-                out[key] = getattr(self, key)
+        for key in OPENAI_SAMPLING_KEYS:
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
         if self.stop_token_ids:
             out["stop_token_ids"] = list(self.stop_token_ids)
         if self.min_tokens is not None:
@@ -136,10 +161,12 @@ class _OpenAISampling(_Strict):
         return expand_choices(prompts, self.n, self.rid)
 
     def stop_strs(self) -> tuple[str, ...]:
-        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        if any(s == "" for s in stops):
+        if self.stop is None:
+            return ()
+        stops = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        if "" in stops:
             raise APIError("stop strings must not be empty", param="stop")
-        return tuple(stops)
+        return stops
 
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
@@ -211,7 +238,7 @@ class CompletionRequest(_OpenAISampling):
         sampling, stops = self.sampling(self.max_tokens if self.max_tokens is not None else 16), self.stop_strs()
         inputs = []
         for prompt in prompts:
-            text, ids = (prompt, None) if isinstance(prompt, str) else (None, list(prompt))
+            text, ids = (prompt, None) if isinstance(prompt, str) else (None, prompt)   # the parsed list, read only
             inputs.append(GenerateInput(text=text, input_ids=ids, sampling=dict(sampling), stop_strs=stops,
                                         stream=self.stream, rid=self.rid, skip_special_tokens=self.skip_special_tokens,
                                         no_stop_trim=self.no_stop_trim,
