@@ -139,6 +139,10 @@ class DecodeTable:
         lo = max(0, bisect.bisect_right(self.batches, batch) - 1)
         return out, ctx <= self.curves[lo].max_x * _EDGE
 
+    def min_context_per_request(self) -> float:
+        """The shortest context per request the table measured (its smallest batch's first point)."""
+        return float(self.curves[0].xs[0])
+
     def edge(self, batch: int, total_context: float) -> tuple[int, float]:
         """The nearest (batch, total context) inside the grid."""
         b = min(max(batch, self.batches[0]), self.batches[-1])

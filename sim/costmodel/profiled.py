@@ -42,6 +42,7 @@ FORMS = ("mha", "absorbed")
 
 
 DECODE_KV_SPLITS = ("flashinfer_mla", "none")
+PADDING_ROWS = ("alike", "as_real")
 
 
 def decode_kv_split_model(kind: str, model: ModelSpec, hardware: HardwareSpec, layout: ParallelLayout,
@@ -68,7 +69,10 @@ class ProfiledCostModel:
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, layout: ParallelLayout,
                  fallback: Callable[..., CostModel], profile: str = "auto", cuda_graph: bool = True,
                  cuda_graph_max_bs: int | None = None, default_graph_max_bs: int = 1024,
-                 piecewise_max_tokens: int | None = None, decode_kv_split: str = "none") -> None:
+                 piecewise_max_tokens: int | None = None, decode_kv_split: str = "none",
+                 padding_rows: str = "alike") -> None:
+        if padding_rows not in PADDING_ROWS:
+            raise ValueError(f"padding_rows={padding_rows!r}: expected one of {', '.join(PADDING_ROWS)}")
         # the profile of this layout's replicas (tp/ep); pp, DP attention and unprofiled layouts refused
         directory = profile_for_layout(hardware.name, model.name, layout, profile)
         self.directory, self.model = directory, model
@@ -84,6 +88,11 @@ class ProfiledCostModel:
         limit = cuda_graph_max_bs if cuda_graph_max_bs is not None else default_graph_max_bs
         self.graph_max_bs = limit if (cuda_graph and self.graph) else 0
         self.capture_sizes = capture_batch_sizes(limit) if self.graph_max_bs else []
+        # a graph replay's padding rows all carry one token (the runtime zero-fills them), so they route to the same
+        # experts and cost about what one more real row costs; the table measured every row a distinct token
+        self.padding_rows_alike = padding_rows == "alike"
+        self._padding_cache: dict[tuple[int, int], float] = {}
+        self._row_cost_s: float | None = None
         prefill = pd.read_csv(directory / "prefill.csv")
         # the two launch regimes (piecewise graphs, eager) as the profile measured them and as the runtime runs
         regimes = dict(split_tokens=prefill_piecewise_limit(directory), query_limit=piecewise_max_tokens)
@@ -249,7 +258,7 @@ class ProfiledCostModel:
         if any(shared_tokens):   # as _decode_s: a segment with shared tokens is priced at a shorter context
             shared = np.repeat(np.asarray(shared_tokens, dtype=np.int64), counts)            # [k]
             context = np.where(shared != 0, context - (1.0 - self.shared_read_fraction) * shared, context)
-        keys, pads, hosts = [], [], []
+        keys, pads, hosts, savings = [], [], [], []
         for n in num_reqs:
             table, batch = self.eager, n
             if 0 < n <= self.graph_max_bs:
@@ -258,6 +267,7 @@ class ProfiledCostModel:
                 batch = self.capture_sizes[i] if i < len(self.capture_sizes) else n
             keys.append((table is self.graph, batch))
             pads.append(batch - n)
+            savings.append(self.padding_saving_s(batch, n) if table is self.graph and batch > n else 0.0)
             host = self._decode_host_cache.get(n)
             if host is None:
                 host = self._decode_host_cache[n] = self.host_time_s(StepShape(num_decode_reqs=n, decode_context_tokens=n))
@@ -282,6 +292,8 @@ class ProfiledCostModel:
             for j in outside:
                 graph, batch = keys[0] if step_keys is None else keys[int(step_keys[j])]
                 times[j] = self._decode_fallback(self.graph if graph else self.eager, batch, float(context[j]))
+        if any(savings):                                      # as _decode_s: the padding rows' saving
+            times = times - np.repeat(np.asarray(savings, dtype=np.float64), counts)
         return times + np.repeat(np.asarray(hosts, dtype=np.float64), counts)
 
     def breakdown_s(self, shape: StepShape) -> dict[str, float]:
@@ -331,9 +343,57 @@ class ProfiledCostModel:
             self.fallbacks["decode"] += int((~inside).sum())
             for j in np.flatnonzero(~inside):
                 times[j] = self._decode_fallback(table, batch, float(context[j]))
+        if table is self.graph and batch > num_reqs:
+            times = times - self.padding_saving_s(batch, num_reqs)
         if self.kv_split is not None and first_lens is not None:
             times = times + self.kv_split.excess_s(first_lens, batch, len(times))
         return times
+
+    def padding_saving_s(self, batch: int, num_reqs: int) -> float:
+        """What a graph replay of `batch` rows, `num_reqs` of them real, costs less than the table's `batch`
+        distinct rows. Its padding rows carry one token (the runtime zero-fills them), which every one of them
+        routes alike: together they activate one token's experts, where the table's rows each activated their
+        own. A MoE step at the table's shortest context is taken as a part that follows the experts its rows
+        activate plus `_row_s` a row (`_expert_part_s`); the saving is the expert part of `batch` distinct rows
+        less that of `num_reqs + 1`, never below 0. 0 for dense models (padding rows cost what real rows do)
+        and with `padding_rows=as_real` (priced as the table's row)."""
+        if not self.padding_rows_alike or not self.model.is_moe or num_reqs + 1 >= batch:
+            return 0.0
+        key = (batch, num_reqs)
+        saving = self._padding_cache.get(key)
+        if saving is None:
+            saving = self._expert_part_s(batch) - self._expert_part_s(num_reqs + 1)
+            saving = self._padding_cache[key] = max(saving, 0.0) if np.isfinite(saving) else 0.0
+        return saving
+
+    def _active_experts(self, rows: float) -> float:
+        """Experts `rows` distinct tokens are expected to activate, routed uniformly: E (1 - (1 - k/E)^rows)."""
+        experts, per_token = self.model.num_experts, self.model.num_experts_per_tok
+        return experts * (1.0 - (1.0 - per_token / experts) ** rows)
+
+    def _row_s(self) -> float:
+        """Cost of one more row once every expert is active: the graph table's least-squares slope over its
+        batch sizes whose rows activate 99% of the experts or more, at its shortest context."""
+        if self._row_cost_s is None:
+            per_row = self.graph.min_context_per_request()
+            full = [b for b in self.graph.batches if self._active_experts(b) >= 0.99 * self.model.num_experts]
+            times = [float(self.graph.lookup(b, np.array([per_row * b]))[0][0]) for b in full]
+            self._row_cost_s = max(float(np.polyfit(full, times, 1)[0]), 0.0) if len(full) >= 2 else 0.0
+        return self._row_cost_s
+
+    def _expert_part_s(self, rows: int) -> float:
+        """A graph replay of `rows` distinct rows at the table's shortest context less `_row_s` per row: the part
+        that follows the experts they activate; between measured batch sizes linear in those experts (concave
+        in rows: 8 -> 12 rows add fewer experts than 4 -> 8)."""
+        per_row = self.graph.min_context_per_request()
+        part = lambda b: float(self.graph.lookup(b, np.array([per_row * b]))[0][0]) - self._row_s() * b   # noqa: E731
+        batches = self.graph.batches
+        i = bisect.bisect_left(batches, rows)
+        if i == 0 or i == len(batches) or batches[i] == rows:
+            return part(rows)
+        lo, hi = batches[i - 1], batches[i]
+        w = (self._active_experts(rows) - self._active_experts(lo)) / (self._active_experts(hi) - self._active_experts(lo))
+        return part(lo) + w * (part(hi) - part(lo))
 
     def _decode_fallback(self, table: DecodeTable, batch: int, context: float) -> float:
         """The roofline's decode time, scaled by measured / roofline at the nearest grid point."""

@@ -450,3 +450,44 @@ def test_the_committed_h200_profiles_were_measured_at_the_runtimes_piecewise_lim
     directory = Path(__file__).parents[2] / "sim" / "profiles" / "h200" / "deepseek_v2_lite" / subdir
     cfg = compose_config(["mode=real", "model=deepseek_v2_lite", "hardware=h200"] + layout)
     assert prefill_piecewise_limit(directory) == piecewise_graph_tokens(cfg) == 8192
+
+
+def _experts_profile(tmp_path: Path, c0: float, per_expert_s: float, per_row_s: float, per_kv_s: float) -> Path:
+    """The small profile with a graph decode table whose time follows the experts its rows activate
+    (tiny_mla_moe: 8 experts, 2 a token, routed uniformly) plus a cost per row and per KV token."""
+    import shutil
+    shutil.copytree(SMALL, tmp_path / "profile")
+    rows = []
+    for batch in capture_batch_sizes(32):
+        active = 8 * (1 - (1 - 2 / 8) ** batch)
+        for context in (16, 64, 256):
+            t = c0 + per_expert_s * active + per_row_s * batch + per_kv_s * batch * context
+            rows.append(("graph", batch, context, batch * context, t, t, 2e-4, 3))
+    frame = pd.DataFrame(rows, columns=table("decode").columns)
+    pd.concat([frame, table("decode").query("path == 'eager'")]).to_csv(tmp_path / "profile" / "decode.csv", index=False)
+    return tmp_path / "profile"
+
+
+def test_padding_rows_cost_one_more_rows_experts_not_their_own(tmp_path):
+    """A padded graph replay's padding rows carry one token (the runtime zero-fills them): together they activate
+    one token's experts, so a step of n real rows padded to P costs the table's P distinct rows less the experts
+    P rows activate beyond n + 1 rows'; their per-row cost stays. Dense models and padding_rows=as_real: the
+    table's row."""
+    directory = _experts_profile(tmp_path, c0=1e-3, per_expert_s=2e-4, per_row_s=1e-5, per_kv_s=1e-8)
+    core = build_core(compose_config(TINY))
+    alike, as_real = (ProfiledCostModel(core.model, core.hardware, core.layout, fallback=RooflineCostModel,
+                                        profile=str(directory), padding_rows=mode) for mode in ("alike", "as_real"))
+    active = lambda b: 8 * (1 - 0.75 ** b)                                  # noqa: E731
+    assert capture_batch_sizes(32)[4] == 12
+    for n in (9, 10):                                                       # padded to 12
+        saving = 2e-4 * (active(12) - active(n + 1))
+        assert decode(alike, n, 64) == pytest.approx(decode(as_real, n, 64) - saving, rel=1e-4)
+    assert decode(alike, 9, 64) < decode(alike, 10, 64) < decode(alike, 11, 64) == decode(as_real, 11, 64)
+    assert decode(alike, 12, 64) == decode(as_real, 12, 64)                 # no padding
+    dense = build_core(compose_config(["model=tiny_llama", "hardware=cpu"]))
+    dense_model = ProfiledCostModel(dense.model, dense.hardware, dense.layout, fallback=RooflineCostModel,
+                                    profile=str(directory))
+    assert dense_model.padding_saving_s(12, 9) == 0.0
+    with pytest.raises(ValueError, match="padding_rows='distinct': expected one of alike, as_real"):
+        ProfiledCostModel(core.model, core.hardware, core.layout, fallback=RooflineCostModel, profile=str(directory),
+                          padding_rows="distinct")
