@@ -45,23 +45,29 @@ def step_stats(steps: pd.DataFrame) -> dict[str, float]:
     decode = steps["num_prefill_tokens"] == 0
     return {"steps": len(steps), "decode_step_mean_ms": ms[decode].mean(), "prefill_step_mean_ms": ms[~decode].mean(),
             "gap_mean_ms": gaps.mean() if len(gaps) else 0.0,
-            "gap_p99_ms": float(np.percentile(gaps, 99)) if len(gaps) else 0.0}
+            "gap_p99_ms": float(np.percentile(gaps, 99)) if len(gaps) else 0.0,
+            "gap_max_ms": float(gaps.max()) if len(gaps) else 0.0,
+            "gaps_over_10ms": int((gaps > 10.0).sum())}      # stalls: a step waiting on the host (a collection, say)
 
 
 def lag_table(results: Path) -> pd.DataFrame:
     rows = []
-    for summary in sorted(results.glob("serve_rate_*.json"), key=lambda p: float(p.stem.split("_")[-1])):
-        rate = summary.stem.split("_")[-1]
+    # serve_rate_<rate>[_v<k>]: the k-th client setting at that rate (serve_bench.sh's CLIENT_VARIANTS), one replay a rate
+    tags = [p.stem[len("serve_rate_"):] for p in results.glob("serve_rate_*.json")]
+    for rate in sorted(tags, key=lambda t: (float(t.split("_v")[0]), t)):
+        base = rate.split("_v")[0]
         files = {name: results / f"{stem}.parquet" for name, stem in (   # as serve_bench.sh names them
             ("client_requests", f"serve_rate_{rate}_client_requests"), ("server_requests", f"serve_rate_{rate}_requests"),
-            ("server_steps", f"serve_rate_{rate}_steps"), ("replay_requests", f"replay_rate_{rate}_requests"),
-            ("replay_steps", f"replay_rate_{rate}_steps"))}
+            ("server_steps", f"serve_rate_{rate}_steps"), ("replay_requests", f"replay_rate_{base}_requests"),
+            ("replay_steps", f"replay_rate_{base}_steps"))}
         if not all(files[k].exists() for k in ("client_requests", "server_requests", "server_steps")):
             continue
         sides = ("client", "server") + (("replay",) if files["replay_requests"].exists() else ())   # replay optional
         frames = {name: pd.read_parquet(files[f"{name}_requests"]) for name in sides}
         first, every = delivery_lags_ms(frames["client"], frames["server"])
-        row = {"rate": float(rate), "requests_per_s": json.loads(summary.read_text())["throughput"]["requests_per_s"]}
+        summary = json.loads((results / f"serve_rate_{rate}.json").read_text())
+        row = {"rate": float(base), "client_setting": int(rate.split("_v")[1]) if "_v" in rate else 1,
+               "requests_per_s": summary["throughput"]["requests_per_s"]}
         for name, frame in frames.items():
             row[f"{name}_ttft_ms"], row[f"{name}_tpot_ms"] = _ttft_tpot_ms(frame)
         row.update(first_token_lag_mean_ms=first.mean(), first_token_lag_p50_ms=float(np.median(first)),

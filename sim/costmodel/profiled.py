@@ -392,7 +392,11 @@ class ProfiledCostModel:
         if i == 0 or i == len(batches) or batches[i] == rows:
             return part(rows)
         lo, hi = batches[i - 1], batches[i]
-        w = (self._active_experts(rows) - self._active_experts(lo)) / (self._active_experts(hi) - self._active_experts(lo))
+        span = self._active_experts(hi) - self._active_experts(lo)
+        if span <= 1e-9 * self.model.num_experts:           # every expert active at both: linear in rows
+            w = (rows - lo) / (hi - lo)
+        else:
+            w = (self._active_experts(rows) - self._active_experts(lo)) / span
         return part(lo) + w * (part(hi) - part(lo))
 
     def _decode_fallback(self, table: DecodeTable, batch: int, context: float) -> float:

@@ -458,7 +458,7 @@ def _experts_profile(tmp_path: Path, c0: float, per_expert_s: float, per_row_s: 
     import shutil
     shutil.copytree(SMALL, tmp_path / "profile")
     rows = []
-    for batch in capture_batch_sizes(32):
+    for batch in capture_batch_sizes(256):
         active = 8 * (1 - (1 - 2 / 8) ** batch)
         for context in (16, 64, 256):
             t = c0 + per_expert_s * active + per_row_s * batch + per_kv_s * batch * context
@@ -484,6 +484,8 @@ def test_padding_rows_cost_one_more_rows_experts_not_their_own(tmp_path):
         assert decode(alike, n, 64) == pytest.approx(decode(as_real, n, 64) - saving, rel=1e-4)
     assert decode(alike, 9, 64) < decode(alike, 10, 64) < decode(alike, 11, 64) == decode(as_real, 11, 64)
     assert decode(alike, 12, 64) == decode(as_real, 12, 64)                 # no padding
+    # every expert active on both sides of the padded batch (200 -> 208): padding rows cost what real rows do
+    assert decode(alike, 200, 64) == pytest.approx(decode(as_real, 200, 64), rel=1e-6)
     dense = build_core(compose_config(["model=tiny_llama", "hardware=cpu"]))
     dense_model = ProfiledCostModel(dense.model, dense.hardware, dense.layout, fallback=RooflineCostModel,
                                     profile=str(directory))
