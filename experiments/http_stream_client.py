@@ -95,11 +95,15 @@ class StreamClient:
             if not conn.reader.at_eof() and not conn.writer.is_closing():
                 return conn, True
             conn.close()
+        return await self._open(), False
+
+    async def _open(self) -> _Connection:
+        """A new connection (HTTPError when the server cannot be reached)."""
         try:
             reader, writer = await asyncio.open_connection(self.host, self.port, limit=1 << 22)
         except OSError as err:
             raise HTTPError(f"cannot connect to {self.host}:{self.port}: {err}") from err
-        return _Connection(reader, writer), False
+        return _Connection(reader, writer)
 
     async def preconnect(self, count: int) -> int:
         """Open connections until `count` are idle in the pool (a client's warm pool, so that requests in
@@ -107,11 +111,7 @@ class StreamClient:
         idle past its keep-alive timeout (uvicorn: 5 s); a request finding one closed opens another."""
         opened = 0
         while len(self._idle) < min(count, self.max_idle):
-            try:
-                reader, writer = await asyncio.open_connection(self.host, self.port, limit=1 << 22)
-            except OSError as err:
-                raise HTTPError(f"cannot connect to {self.host}:{self.port}: {err}") from err
-            self._idle.append(_Connection(reader, writer))
+            self._idle.append(await self._open())
             opened += 1
         return opened
 

@@ -158,7 +158,8 @@ def run_scheduler(cfg_container: dict, addresses: Addresses, parent_pid: int) ->
         push.send_pyobj(Ready(core.kv_capacity_tokens, core.model.max_context_tokens, core.model.vocab_size,
                               str(runner.device), os.getpid()))
         pauses = GCPauses(float(cfg.real.gc_warning_threshold_s))
-        warm_record_writing()                        # its modules' objects are frozen with the rest, below
+        if cfg.real.freeze_gc:
+            warm_record_writing()                    # its modules' objects are frozen with the rest, below
         with serving_gc(pauses, bool(cfg.real.freeze_gc)):
             outcome = driver.serve(source)
         source.flush()

@@ -88,8 +88,8 @@ class ProfiledCostModel:
         limit = cuda_graph_max_bs if cuda_graph_max_bs is not None else default_graph_max_bs
         self.graph_max_bs = limit if (cuda_graph and self.graph) else 0
         self.capture_sizes = capture_batch_sizes(limit) if self.graph_max_bs else []
-        # a graph replay's padding rows all carry one token (the runtime zero-fills them), so they route to the same
-        # experts and cost about what one more real row costs; the table measured every row a distinct token
+        # a graph replay's padding rows all carry one token (the runtime zero-fills them), so they route to one
+        # expert set, where the table measured every row a distinct token (padding_saving_s)
         self.padding_rows_alike = padding_rows == "alike"
         self._padding_cache: dict[tuple[int, int], float] = {}
         self._row_cost_s: float | None = None
@@ -375,18 +375,21 @@ class ProfiledCostModel:
         """Cost of one more row once every expert is active: the graph table's least-squares slope over its
         batch sizes whose rows activate 99% of the experts or more, at its shortest context."""
         if self._row_cost_s is None:
-            per_row = self.graph.min_context_per_request()
             full = [b for b in self.graph.batches if self._active_experts(b) >= 0.99 * self.model.num_experts]
-            times = [float(self.graph.lookup(b, np.array([per_row * b]))[0][0]) for b in full]
+            times = [self._shortest_context_s(b) for b in full]
             self._row_cost_s = max(float(np.polyfit(full, times, 1)[0]), 0.0) if len(full) >= 2 else 0.0
         return self._row_cost_s
+
+    def _shortest_context_s(self, rows: int) -> float:
+        """The graph table's step of `rows` requests at its shortest context per request."""
+        per_row = self.graph.min_context_per_request()
+        return float(self.graph.lookup(rows, np.array([per_row * rows]))[0][0])
 
     def _expert_part_s(self, rows: int) -> float:
         """A graph replay of `rows` distinct rows at the table's shortest context less `_row_s` per row: the part
         that follows the experts they activate; between measured batch sizes linear in those experts (concave
         in rows: 8 -> 12 rows add fewer experts than 4 -> 8)."""
-        per_row = self.graph.min_context_per_request()
-        part = lambda b: float(self.graph.lookup(b, np.array([per_row * b]))[0][0]) - self._row_s() * b   # noqa: E731
+        part = lambda b: self._shortest_context_s(b) - self._row_s() * b   # noqa: E731
         batches = self.graph.batches
         i = bisect.bisect_left(batches, rows)
         if i == 0 or i == len(batches) or batches[i] == rows:
