@@ -3,7 +3,8 @@ TWINSERVE_HOP_TRACE set (every server process records when each output passes it
 with experiments/bench_serving.py, and joins the marks with the client's token times (one perf_counter
 clock on one host). Hops: step_end (the recorded token time, what the server's TTFT and ITL use) ->
 sched_out (the scheduler has the output) -> sched_send -> detok_recv -> detok_send -> http_recv (the
-HTTP process has it) -> handler (the stream's handler woke) -> written (the SSE chunk was written) ->
+HTTP process has it; first outputs sent straight to the HTTP worker also pass sched_written, the scheduler's write
+done, and worker_parsed, the worker's channel taking the message off its socket, before that worker's detok_recv) -> handler (the stream's handler woke) -> written (the SSE chunk was written) ->
 client; intake: client_sent -> http_entry (the request enters the ASGI app: uvicorn has parsed its headers)
 -> http_arrival (routed, read and validated; the server's clock starts) -> http_sent -> sched_recv.
 The *_send / *_sent marks are taken as a message is handed to its channel (pickling and the transfer count in
@@ -26,8 +27,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-OUTPUT_HOPS = ("step_end", "sched_out", "sched_send", "detok_recv", "detok_send", "http_recv", "handler", "written",
-               "client")
+OUTPUT_HOPS = ("step_end", "sched_out", "sched_send", "sched_written", "worker_parsed", "detok_recv", "detok_send",
+               "http_recv", "handler", "written", "client")
 INTAKE_HOPS = ("client_sent", "http_entry", "http_arrival", "http_sent", "sched_recv")
 WINDOW_S = 5.0
 
@@ -82,7 +83,7 @@ def floor_over_time(wide: pd.DataFrame, window_s: float = WINDOW_S) -> list[list
 
 
 def _chain(wide: pd.DataFrame, hops: tuple[str, ...]) -> dict:
-    present = [h for h in hops if h in wide.columns]
+    present = [h for h in hops if h in wide.columns and wide[h].notna().any()]
     pairs = list(pairwise(present)) + ([(present[0], present[-1])] if len(present) > 2 else [])
     out = {}
     for a, b in pairs:

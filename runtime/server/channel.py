@@ -51,6 +51,11 @@ class Inbox:
         self._ready: deque = deque()
         self._last_message_s = float("-inf")
 
+    @property
+    def last_message_s(self) -> float:
+        """perf_counter time at which the latest message was taken off a socket (-inf before the first)."""
+        return self._last_message_s
+
     def fileno(self) -> int:
         """A descriptor that becomes readable when a sender connects or writes (the selector's own), for an
         event loop's `add_reader`."""

@@ -206,6 +206,8 @@ class OnlineSource:
             if self.direct is not None and firsts:
                 delivered = len(firsts)
                 self.direct.send_pyobj(BatchOutput(firsts, stats))
+                if self.trace is not None:                 # pickled and written (or buffered)
+                    self.trace.mark_outputs("sched_written", firsts, self.clock())
             self.push.send_pyobj(BatchOutput(outs, stats, delivered))
 
     def _flush_sockets(self) -> bool:

@@ -37,6 +37,28 @@ def test_marks_count_token_indices_and_the_probe_joins_them(tmp_path):
     assert abs(table["intake"]["http_arrival->sched_recv"]["p50"] - 1.0) < 1e-6
 
 
+def test_hops_marked_only_on_first_outputs_leave_the_later_tokens_chain_whole(tmp_path):
+    """The direct first outputs' sched_written / worker_parsed marks split the first token's scheduler -> worker
+    hop; later tokens, which never pass them, still get sched_send -> detok_recv."""
+    from experiments.serving_hops import hop_table, read_marks
+
+    trace = HopTrace(str(tmp_path / "s.csv"))
+    trace.mark_outputs("sched_send", [TextOutput("r", "x", [1])], 1.000)
+    trace.mark_outputs("sched_written", [TextOutput("r", "x", [1])], 1.001)
+    trace.mark_outputs("worker_parsed", [TextOutput("r", "x", [1])], 1.003)
+    trace.mark_outputs("detok_recv", [TextOutput("r", "x", [1])], 1.004)
+    trace.mark_outputs("sched_send", [TextOutput("r", "y", [2])], 2.000)
+    trace.mark_outputs("detok_recv", [TextOutput("r", "y", [2])], 2.005)
+    trace.flush()
+    table = hop_table(read_marks(tmp_path))
+    first, later = table["first_token"], table["later_tokens"]
+    assert abs(first["sched_written->worker_parsed"]["p50"] - 2.0) < 1e-6
+    assert abs(first["worker_parsed->detok_recv"]["p50"] - 1.0) < 1e-6
+    assert abs(first["sched_send->detok_recv"]["p50"] - 4.0) < 1e-6          # the whole span, end to end
+    assert abs(later["sched_send->detok_recv"]["p50"] - 5.0) < 1e-6
+    assert not any("sched_written" in hop for hop in later)
+
+
 def test_outputs_counted_elsewhere_keep_the_later_token_indices(tmp_path):
     """A first output that went straight to its worker passes the detokenizer's hops uncounted there unless
     `count_outputs` counts it: its second output must still be token 1, not 0."""
