@@ -88,3 +88,36 @@ def test_only_launches_that_take_a_poll_get_one_and_never_without_overlap():
     assert not accepts_poll(CallableExecutor(lambda plan: None, clock=lambda: 0.0))
     _, _, log = serve(polls=True, overlap=False)
     assert not any(e[0] == "resolved" for e in log)      # without overlap the driver commits, never polls
+
+
+def test_a_steps_tokens_leave_before_its_record_and_prediction():
+    """A served token's way out does not wait for the step's bookkeeping: the driver hands the tokens to the source
+    (and so to the HTTP workers) before it records the step with the simulator's prediction, with overlap and
+    without; the records still carry every step's prediction."""
+    from runtime.request_source import ReplaySource
+
+    class LoggingSource(ReplaySource):
+        def on_tokens(self, requests, now_s):
+            log.append(("tokens", steps_recorded[0]))
+            return super().on_tokens(requests, now_s)
+
+    for overlap in (True, False):
+        cfg = compose_config(TINY)
+        core = build_core(cfg)
+        log: list = []
+        steps_recorded = [0]
+
+        def predict(plan):
+            log.append(("predict", steps_recorded[0]))
+            steps_recorded[0] += 1
+            return 1e-3
+
+        executor = PollingExecutor(SimExecutor(build_cost_model(cfg, core), core.model.vocab_size), [], True)
+        driver = RealDriver(core.scheduler, executor, progress=False, overlap=overlap, predict=predict)
+        specs = instantiate(cfg.workload).requests()
+        outcome = driver.serve(LoggingSource(specs, all_at_once=True), total=len(specs))
+        kinds = [kind for kind, _ in log]
+        assert kinds.count("predict") == len(outcome.steps.columns["step_id"]) >= 8
+        for i, (kind, recorded) in enumerate(log):       # each step's tokens come before its own prediction
+            if kind == "tokens":
+                assert log[i + 1:i + 2] == [("predict", recorded)], (overlap, log[max(0, i - 2):i + 3])
