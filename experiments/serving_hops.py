@@ -3,10 +3,11 @@ TWINSERVE_HOP_TRACE set (every server process records when each output passes it
 with experiments/bench_serving.py, and joins the marks with the client's token times (one perf_counter
 clock on one host). Hops: step_end (the recorded token time, what the server's TTFT and ITL use) ->
 sched_out (the scheduler has the output) -> sched_send -> detok_recv -> detok_send -> http_recv (the
-HTTP process has it; first outputs sent straight to the HTTP worker also pass sched_written, the scheduler's write
-done, and worker_parsed, the worker's channel taking the message off its socket, before that worker's detok_recv) -> handler (the stream's handler woke) -> written (the SSE chunk was written) ->
-client; intake: client_sent -> http_entry (the request enters the ASGI app: uvicorn has parsed its headers)
--> http_arrival (routed, read and validated; the server's clock starts) -> http_sent -> sched_recv.
+HTTP process has it) -> handler (the stream's handler woke) -> written (the SSE chunk was written) -> client;
+first outputs sent straight to their HTTP worker also pass sched_written (the scheduler's write done) and
+worker_parsed (the worker's channel took the latest message off its sockets) before that worker's detok_recv.
+Intake: client_sent -> http_entry (the request enters the ASGI app: uvicorn has parsed its headers) -> http_arrival
+(routed, read and validated; the server's clock starts) -> http_sent -> sched_recv.
 The *_send / *_sent marks are taken as a message is handed to its channel (pickling and the transfer count in
 the next hop): on a busy host a mark taken after the send can come after the receiver's.
 

@@ -98,7 +98,8 @@ class RealDriver:
             # the tokens leave before the step's bookkeeping (its record and prediction: ~20-50 us of host)
             source.on_tokens([it.request for it in plan.items if it.samples and not it.dropped], end)
             ended(sched.pop_finished(), end)
-            steps.record(plan, start, end, *gauges, predicted_s=self.predict(plan) if self.predict is not None else None)
+            steps.record(plan, start, end, *gauges,
+                         predicted_s=self.predict(plan) if self.predict is not None else None)
             return end
 
         last: _Launched | None = None

@@ -205,7 +205,8 @@ class TokenizerManager:
 
     def _first_outputs(self, batch: BatchOutput) -> None:
         """server.first_outputs_direct: requests' first outputs, straight from the scheduler: decoded here."""
-        if self.trace is not None:                         # taken off its socket, then this handler ran
+        if self.trace is not None:     # when the channel last took a message off its sockets (this one, unless
+            # another came right behind it), then when this handler ran
             self.trace.mark_outputs("worker_parsed", batch.outputs, self._pull.inbox.last_message_s)
             self.trace.mark_outputs("detok_recv", batch.outputs, time.perf_counter())
         text = self.first_decoder.first_outputs(batch)
