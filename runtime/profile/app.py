@@ -27,8 +27,9 @@ from runtime.profile.tables import ProfileTable, write_meta
 from sim.costmodel.profile_layouts import layout_subdir
 from sim.costmodel.profile_tables import profile_dir
 
-SECTIONS = ("decode", "prefill", "host", "mixed", "ops", "decode_shared", "idle_launch")   # measured in this order
-KV_READING = {"decode", "prefill", "mixed", "decode_shared"}   # their steps attend KV already in the pool
+SECTIONS = ("decode", "prefill", "host", "mixed", "ops", "decode_shared", "idle_launch",   # measured in this order
+            "prefill_after_decode")
+KV_READING = {"decode", "prefill", "mixed", "decode_shared", "prefill_after_decode"}   # their steps attend KV in the pool
 KEYS = {
     "decode": ("path", "batch_size", "context_tokens"),
     "prefill": ("num_seqs", "new_tokens", "prefix_tokens"),
@@ -37,6 +38,7 @@ KEYS = {
     "ops": ("op", "num_tokens"),
     "decode_shared": ("order", "batch_size", "group_size", "shared_tokens", "private_tokens"),
     "idle_launch": ("kind", "new_tokens", "gap_s"),
+    "prefill_after_decode": ("new_tokens",),
 }
 Point = tuple[str, dict, Callable[[], list[dict] | dict]]   # (table, key values, measure)
 
@@ -187,6 +189,12 @@ def _points(section: str, cfg: DictConfig, core, runner, grid: Grid, limits: Lim
             if (size <= limits.max_batch) if kind == "decode" else (size <= limits.max_new_tokens):
                 yield "idle_launch", dict(kind=kind, new_tokens=size, gap_s=0.0), \
                     lambda k=kind, n=size: idle_launch_rows(cfg, core, runner, k, n, grid.idle_gaps_s, grid.idle_rounds)
+    elif section == "prefill_after_decode":
+        batch, context = grid.after_decode_batch, grid.after_decode_context
+        for tokens in (t for t in grid.after_decode_tokens if t <= limits.max_new_tokens):
+            if 0 < batch <= limits.max_batch and batch * context + tokens <= limits.kv_slots:
+                yield "prefill_after_decode", dict(new_tokens=tokens), \
+                    _prefill_after_decode(runner, tokens, batch, context, grid.repeats, vocab)
     elif section == "decode_shared":
         for batch, group, shared, private in shared_decode_points(grid, limits):
             for order in ("grouped", "interleaved") if 1 < group < batch else ("grouped",):
@@ -261,6 +269,27 @@ def _prefill(runner, seqs: int, tokens: int, prefix: int, repeats: int, vocab: i
         columns = _extend_timing_columns(runner, step_plan(synthetic.extend_items(each, prefix)), repeats)
         synthetic.release()
         return {"num_seqs": seqs, "new_tokens": tokens, "prefix_tokens": prefix, **columns}
+    return measure
+
+
+def _prefill_after_decode(runner, tokens: int, batch: int, context: int, repeats: int, vocab: int):
+    """One fresh sequence's prefill of `tokens` timed three ways in one sitting -- back to back (device_s, as the
+    prefill table), launch hidden (device_alone_s), and launched right behind decode steps of `batch` requests at
+    `context` (after_decode_s) -- and that decode step back to back (decode_s) and right after the prefill
+    (decode_after_s): what a served extend that follows a decode run, and the decode that follows it, take."""
+    def measure() -> dict:
+        from runtime.profile.plans import decode_items, finish
+        from runtime.profile.timing import time_behind_decodes, time_plan
+        extend = SyntheticBatch(f"a{tokens}", 1, tokens, 0, vocab)
+        decode = SyntheticBatch(f"a{tokens}d{batch}", batch, context, tokens, vocab)
+        extend_plan, decode_plan = step_plan(extend.extend_items(tokens, 0)), step_plan(decode.decode_items(context))
+        columns = _extend_timing_columns(runner, extend_plan, repeats)
+        decode_s = time_plan(runner, decode_plan, repeats).device_s
+        after_decode_s, decode_after_s = time_behind_decodes(runner, decode_plan, extend_plan, repeats)
+        extend.release()
+        decode.release()
+        return {"new_tokens": tokens, **columns, "after_decode_s": after_decode_s, "decode_batch": batch,
+                "decode_context_tokens": context, "decode_s": decode_s, "decode_after_s": decode_after_s}
     return measure
 
 

@@ -39,6 +39,11 @@ class Grid:
     idle_points: tuple[tuple[str, int], ...] = ()
     idle_gaps_s: tuple[float, ...] = ()
     idle_rounds: int = 0
+    # one sequence's prefill of these new tokens launched right behind decode steps of after_decode_batch requests
+    # at after_decode_context (runtime/profile/timing.time_behind_decodes), and a decode right after it
+    after_decode_tokens: tuple[int, ...] = ()
+    after_decode_batch: int = 0
+    after_decode_context: int = 0
 
 
 def _capture_sizes_to(max_bs: int) -> tuple[int, ...]:
@@ -61,7 +66,7 @@ GRIDS = {
                   host_decode_batches=(1, 4), host_prefill=((1, 16), (2, 16)), op_tokens=(1, 16),
                   repeats=2, host_steps=2, shared_batches=(4,), shared_groups=(1, 2, 4), shared_prefixes=(32,),
                   shared_private=(8,), idle_points=(("prefill", 16), ("decode", 2)), idle_gaps_s=(0.01, 0.05),
-                  idle_rounds=2),
+                  idle_rounds=2, after_decode_tokens=(16, 64), after_decode_batch=2, after_decode_context=32),
     "quick": Grid(decode_batches=_capture_sizes_to(128) + (160, 192, 224, 256, 384, 512, 1024),
                   decode_contexts=(128, 1024, 2048, 4096, 16384, 65536),
                   eager_batches=(1, 8, 64, 256, 1024), eager_contexts=(128, 1024, 4096),
@@ -74,7 +79,9 @@ GRIDS = {
                   op_tokens=(1, 8, 64, 256, 1024, 4096, 8192), repeats=5, host_steps=8,
                   shared_batches=(16, 64, 128, 256), shared_groups=(1, 4, 16, 64), shared_prefixes=(512, 2048, 4096, 8192),
                   shared_private=(128, 1024), idle_points=(("prefill", 256), ("decode", 1)),
-                  idle_gaps_s=(0.1, 1.0, 4.0, 12.0), idle_rounds=3),
+                  idle_gaps_s=(0.1, 1.0, 4.0, 12.0), idle_rounds=3,
+                  after_decode_tokens=(64, 256, 512, 1024, 1536, 2048, 3072, 4096, 8192), after_decode_batch=64,
+                  after_decode_context=1024),
     "full": Grid(decode_batches=_capture_sizes_to(1024),
                  decode_contexts=(64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072),
                  eager_batches=(1, 4, 16, 64, 128, 256, 512, 1024), eager_contexts=(128, 1024, 4096, 16384),
@@ -90,7 +97,9 @@ GRIDS = {
                  shared_batches=(8, 16, 32, 64, 128, 256, 512), shared_groups=(1, 2, 4, 8, 16, 32, 64, 128),
                  shared_prefixes=(256, 1024, 2048, 4096, 8192, 16384), shared_private=(64, 256, 1024, 4096),
                  idle_points=(("prefill", 256), ("prefill", 2048), ("decode", 1), ("decode", 64)),
-                 idle_gaps_s=(0.1, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0), idle_rounds=5),
+                 idle_gaps_s=(0.1, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0), idle_rounds=5,
+                 after_decode_tokens=(64, 256, 512, 1024, 1536, 2048, 3072, 4096, 6144, 8192), after_decode_batch=64,
+                 after_decode_context=2048),
 }
 
 

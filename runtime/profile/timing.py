@@ -105,6 +105,28 @@ def device_alone_s(runner, plan: StepPlan, timing: StepTiming) -> float:
     return statistics.median(samples)
 
 
+def time_behind_decodes(runner, decode_plan: StepPlan, plan: StepPlan, repeats: int,
+                        decodes: int = 3) -> tuple[float, float]:
+    """(median interval of `plan` launched right behind `decodes` decode steps, median interval of a decode step
+    launched right behind it): each repeat launches the decodes, `plan` and one decode more as the overlap loop
+    launches steps (the next before waiting for the one before), from an idle device. The decodes ahead hide
+    `plan`'s launch as a served decode run hides the launch of the extend that follows it."""
+    extend_s, decode_s = [], []
+    for _ in range(repeats + 1):                  # the first round untimed (JIT, allocator)
+        if runner.device.type == "cuda":
+            torch.cuda.synchronize(runner.device)
+        steps, waited = [], 0
+        for step_plan in [decode_plan] * decodes + [plan, decode_plan]:
+            steps.append(runner.launch(step_plan))
+            if len(steps) > 1:
+                steps[waited].wait()
+                waited += 1
+        durations = [s.wait().duration_s for s in steps]
+        extend_s.append(durations[decodes])
+        decode_s.append(durations[decodes + 1])
+    return statistics.median(extend_s[1:]), statistics.median(decode_s[1:])
+
+
 def time_op(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
     """Median seconds of fn() on the device (CUDA events around each call; CPU: host clock)."""
     fn()

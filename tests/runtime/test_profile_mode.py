@@ -37,6 +37,10 @@ def test_profile_writes_resumable_tables_the_profiled_model_reads(tmp_path):
     for name in ("prefill", "mixed"):         # steps with extends are also timed with their launch hidden
         frame = pd.read_csv(tmp_path / f"{name}.csv")
         assert (frame["device_alone_s"] > 0).all(), name
+    after = pd.read_csv(tmp_path / "prefill_after_decode.csv")   # each extend also behind decodes, and one after it
+    assert list(after["new_tokens"]) == list(grid.after_decode_tokens)
+    assert (after[["device_alone_s", "after_decode_s", "decode_s", "decode_after_s"]] > 0).all().all()
+    assert (after["decode_batch"] == grid.after_decode_batch).all()
     idle = pd.read_csv(tmp_path / "idle_launch.csv")         # per step kind: gap 0 and every grid gap
     assert sorted(set(idle["gap_s"])) == [0.0, *grid.idle_gaps_s] and (idle["next_launch_s"] > 0).all()
     host = pd.read_csv(tmp_path / "host.csv")
