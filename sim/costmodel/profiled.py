@@ -30,6 +30,7 @@ from runtime.core.model_spec import ModelSpec
 from sim.costmodel.base import CostModel, StepShape, decode_segments_one_by_one
 from sim.costmodel.mla_kv_split import KVSplitExcess, num_clusters
 from sim.costmodel.profile_host import HostTable
+from sim.costmodel.profile_after_decode import AfterDecode
 from sim.costmodel.profile_idle import IdleLaunch
 from sim.costmodel.profile_launch import LaunchTable
 from sim.costmodel.shared_reads import fit_shared_read_fraction
@@ -110,6 +111,8 @@ class ProfiledCostModel:
         self.host = HostTable(host_rows) if host_rows is not None else None
         idle = directory / "idle_launch.csv"
         self.idle_launch = IdleLaunch(pd.read_csv(idle)) if idle.exists() else None
+        after_decode = directory / "prefill_after_decode.csv"
+        self.after_decode = AfterDecode(pd.read_csv(after_decode)) if after_decode.exists() else None
         self.launch = (LaunchTable(host_rows, piecewise_max_tokens)
                        if host_rows is not None and "launch_s" in host_rows else None)
         shared = directory / "decode_shared.csv"
@@ -207,8 +210,10 @@ class ProfiledCostModel:
     def after_decode_saving_s(self, shape: StepShape) -> float:
         """Extends replayed as piecewise graphs whose kernels outlast their launch (device-bound), not in lockstep:
         their back-to-back excess over their kernels alone (the one-sequence table's device_s - device_alone_s
-        at the step's tokens and equivalent prefix), which a step served right behind a decode does not pay.
-        0 for every other step, and where the profile has no device_alone_s."""
+        at the step's tokens and equivalent prefix), which a step served right behind a decode does not pay:
+        all of it, or the share the prefill_after_decode table measured at the step's new tokens
+        (sim/costmodel/profile_after_decode.py; on an H200, 0.73-0.98 of it at 1,536-8,192 tokens). 0 for every
+        other step, and where the profile has no device_alone_s."""
         return self._launch_terms(shape)[2]
 
     def _launch_terms(self, shape: StepShape) -> tuple[float, bool, float]:
@@ -230,7 +235,10 @@ class ProfiledCostModel:
             if not ends:                                    # the part of the excess a head start can hide
                 launch = self.launch_time_s(shape)
                 if launch <= alone and not self.single.runs_eagerly(tokens):
-                    saving = bound                          # device-bound graph replay: see after_decode_saving_s
+                    # device-bound graph replay (see after_decode_saving_s): the share of the excess that the
+                    # profile's prefill_after_decode table shows a step right behind a decode run not paying
+                    share = self.after_decode.saved_share(tokens) if self.after_decode is not None else 1.0
+                    saving = bound * share
                 bound = min(bound, max(launch - alone, 0.0))
             cached = self._bound_cache[key] = (bound, ends, saving)
         return cached
