@@ -100,7 +100,8 @@ class ServerSchema:
 
 @dataclass
 class ProfileSchema:
-    grid: str = "quick"                  # mode=profile: smoke (CPU tests) | quick (its sections, run separately, summed to 20-25 min on one H200) | full
+    grid: str = "quick"                  # mode=profile: smoke (CPU tests) | quick (its sections, run separately,
+                                         # summed to 20-25 min on one H200) | full
     out_dir: Optional[str] = None        # null = sim/profiles/<hardware>/<model>
     sections: Optional[str] = None       # comma-separated subset of decode,prefill,host,mixed,ops,decode_shared; null = all
     resume: bool = True                  # skip grid points already in the tables

@@ -29,7 +29,8 @@ from sim.costmodel.profile_tables import profile_dir
 
 SECTIONS = ("decode", "prefill", "host", "mixed", "ops", "decode_shared", "idle_launch",   # measured in this order
             "prefill_after_decode")
-KV_READING = {"decode", "prefill", "mixed", "decode_shared", "prefill_after_decode"}   # their steps attend KV in the pool
+KV_READING = {"decode", "prefill", "mixed", "decode_shared",        # their steps attend KV already in the pool
+              "prefill_after_decode"}
 KEYS = {
     "decode": ("path", "batch_size", "context_tokens"),
     "prefill": ("num_seqs", "new_tokens", "prefix_tokens"),

@@ -22,7 +22,8 @@ def _run(tmp_path, factors: list[float], starts: list[float]):
     price = build_cost_model(cfg, build_core(cfg)).launch_time_s(shape)
     n = len(factors)
     pd.DataFrame({"step_id": range(n), "start_s": starts, "end_s": [s + 0.02 for s in starts],
-                  "num_prefill_tokens": [512] * n, "num_decode_requests": [0] * n}).to_parquet(tmp_path / "steps.parquet")
+                  "num_prefill_tokens": [512] * n, "num_decode_requests": [0] * n}).to_parquet(
+                      tmp_path / "steps.parquet")
     write_step_shapes(tmp_path, shapes_frame([shape_row(i, shape) for i in range(n)]))
     pd.DataFrame({"step_id": range(n), "launch_start_s": starts,
                   "launch_end_s": [s + f * price + 0.001 for s, f in zip(starts, factors)],
