@@ -108,23 +108,22 @@ def device_alone_s(runner, plan: StepPlan, timing: StepTiming) -> float:
 def time_behind_decodes(runner, decode_plan: StepPlan, plan: StepPlan, repeats: int,
                         decodes: int = 3) -> tuple[float, float]:
     """(median interval of `plan` launched right behind `decodes` decode steps, median interval of a decode step
-    launched right behind it): each repeat launches the decodes, `plan` and one decode more as the overlap loop
-    launches steps (the next before waiting for the one before), from an idle device. The decodes ahead hide
-    `plan`'s launch as a served decode run hides the launch of the extend that follows it."""
-    extend_s, decode_s = [], []
-    for _ in range(repeats + 1):                  # the first round untimed (JIT, allocator)
-        if runner.device.type == "cuda":
-            torch.cuda.synchronize(runner.device)
-        steps, waited = [], 0
-        for step_plan in [decode_plan] * decodes + [plan, decode_plan]:
-            steps.append(runner.launch(step_plan))
-            if len(steps) > 1:
-                steps[waited].wait()
-                waited += 1
-        durations = [s.wait().duration_s for s in steps]
-        extend_s.append(durations[decodes])
-        decode_s.append(durations[decodes + 1])
-    return statistics.median(extend_s[1:]), statistics.median(decode_s[1:])
+    launched right behind it): one pipeline of rounds -- the decodes, `plan`, one decode more -- launched as the
+    overlap loop launches steps (the next before waiting for the one before) with no idle device between rounds,
+    as a busy server runs them; the first round is untimed (JIT, allocator). The decodes ahead hide `plan`'s launch
+    as a served decode run hides the launch of the extend that follows it."""
+    round_plans = [decode_plan] * decodes + [plan, decode_plan]
+    pending, durations = None, []
+    for step_plan in round_plans * (repeats + 1):
+        step = runner.launch(step_plan)
+        if pending is not None:
+            durations.append(pending.wait().duration_s)
+        pending = step
+    durations.append(pending.wait().duration_s)
+    per_round = len(round_plans)
+    extend_s = [durations[r * per_round + decodes] for r in range(1, repeats + 1)]
+    decode_s = [durations[r * per_round + decodes + 1] for r in range(1, repeats + 1)]
+    return statistics.median(extend_s), statistics.median(decode_s)
 
 
 def time_op(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
