@@ -65,10 +65,13 @@ def test_tp2_profile_measures_every_grid_point_of_the_one_gpu_profile(profiles):
     meta = json.loads((measured / "meta.json").read_text())
     assert meta["layout"] == {"tp": 2, "ep": 1, "pp": 1}
     run = meta["runs"][-1]
-    sections = ["decode", "prefill", "host", "mixed", "decode_shared", "idle_launch"]
+    sections = ["decode", "prefill", "host", "mixed", "decode_shared", "idle_launch", "prefill_after_decode"]
     assert run["num_gpus"] == 2 and run["sections"] == sections
+    after = pd.read_csv(measured / "prefill_after_decode.csv")   # the leader's prefills behind decode runs
+    assert len(after) > 0 and (after[["after_decode_s", "decode_after_s"]] > 0).all().all()
     idle_points = idle.groupby(["kind", "new_tokens"]).ngroups       # one point: a row per gap
-    assert run["points_measured"] == sum(len(pd.read_csv(measured / f"{n}.csv")) for n in STEP_TABLES) + idle_points
+    assert run["points_measured"] == sum(len(pd.read_csv(measured / f"{n}.csv")) for n in STEP_TABLES) + idle_points \
+        + len(after)
 
 
 def test_auto_and_profiled_price_tp2_from_the_tp2_profile(profiles, tmp_path, monkeypatch):
