@@ -57,8 +57,8 @@ def slow_spells(frame: pd.DataFrame) -> list[tuple[float, float]]:
     return spells
 
 
-def run_row(run_dir: Path) -> dict:
-    frame = launch_ratios(run_dir)
+def run_row(run_dir: Path, frame: pd.DataFrame) -> dict:
+    """The run's summary row from its launch_ratios `frame`."""
     extend, decode = frame[frame["kind"] == "extend"], frame[frame["kind"] == "decode"]
     spells = slow_spells(frame)
     return {"run": str(run_dir), "extends": len(extend), "decodes": len(decode),
@@ -75,15 +75,15 @@ def main() -> None:
     parser.add_argument("--csv", type=Path)
     parser.add_argument("--timeline", type=Path, help="every launch's ratio, all runs (a run column)")
     args = parser.parse_args()
-    rows = [run_row(run) for run in args.runs]
-    table = pd.DataFrame(rows)
+    frames = {run: launch_ratios(run) for run in args.runs}       # one cost model and pass per run
+    table = pd.DataFrame([run_row(run, frame) for run, frame in frames.items()])
     with pd.option_context("display.width", 200, "display.max_colwidth", 70):
         print(table.round(3).to_string(index=False))
     if args.csv:
         table.round(4).to_csv(args.csv, index=False)
     if args.timeline:
-        pd.concat([launch_ratios(run).assign(run=str(run)) for run in args.runs]).round(6).to_csv(args.timeline,
-                                                                                                  index=False)
+        pd.concat([frame.assign(run=str(run)) for run, frame in frames.items()]).round(6).to_csv(args.timeline,
+                                                                                                index=False)
 
 
 if __name__ == "__main__":

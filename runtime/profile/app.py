@@ -279,7 +279,6 @@ def _prefill_after_decode(runner, tokens: int, batch: int, context: int, repeats
     `context` (after_decode_s) -- and that decode step back to back (decode_s) and right after the prefill
     (decode_after_s): what a served extend that follows a decode run, and the decode that follows it, take."""
     def measure() -> dict:
-        from runtime.profile.plans import decode_items, finish
         from runtime.profile.timing import time_behind_decodes, time_plan
         extend = SyntheticBatch(f"a{tokens}", 1, tokens, 0, vocab)
         decode = SyntheticBatch(f"a{tokens}d{batch}", batch, context, tokens, vocab)

@@ -29,8 +29,8 @@ from runtime.core.mla_form import mla_attends_as_mha
 from runtime.core.model_spec import ModelSpec
 from sim.costmodel.base import CostModel, StepShape, decode_segments_one_by_one
 from sim.costmodel.mla_kv_split import KVSplitExcess, num_clusters
-from sim.costmodel.profile_host import HostTable
 from sim.costmodel.profile_after_decode import AfterDecode
+from sim.costmodel.profile_host import HostTable
 from sim.costmodel.profile_idle import IdleLaunch
 from sim.costmodel.profile_launch import LaunchTable
 from sim.costmodel.shared_reads import fit_shared_read_fraction
@@ -212,7 +212,7 @@ class ProfiledCostModel:
         their back-to-back excess over their kernels alone (the one-sequence table's device_s - device_alone_s
         at the step's tokens and equivalent prefix), which a step served right behind a decode does not pay:
         all of it, or the share the prefill_after_decode table measured at the step's new tokens
-        (sim/costmodel/profile_after_decode.py; on an H200, 0.73-0.98 of it at 1,536-8,192 tokens). 0 for every
+        (sim/costmodel/profile_after_decode.py; on an H200, 0.75-1.00 of it at 1,024-8,192 tokens). 0 for every
         other step, and where the profile has no device_alone_s."""
         return self._launch_terms(shape)[2]
 

@@ -40,8 +40,9 @@ def test_a_launchs_ratio_is_its_host_time_without_polls_over_the_profiles_price(
 
 def test_slow_launches_close_together_make_one_spell(tmp_path):
     run = _run(tmp_path, [1.0, 1.8, 1.9, 1.0, 1.7], [0.0, 1.0, 1.5, 2.0, 4.0])
-    spells = slow_spells(launch_ratios(run))
+    frame = launch_ratios(run)
+    spells = slow_spells(frame)
     assert spells == [(1.0, 1.5), (4.0, 4.0)]
-    row = run_row(run)
+    row = run_row(run, frame)
     assert row["slow_extend_share"] == pytest.approx(3 / 5) and row["slow_spells"] == 2
     assert row["longest_spell_s"] == pytest.approx(0.5) and SLOW_RATIO < 1.7
